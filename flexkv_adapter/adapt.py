@@ -1,0 +1,261 @@
+"""``adapt(pool)``: recognise, carve, check, align, and wrap a pool as a FlexKV-ready view."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from math import prod
+
+import torch
+from typing_extensions import Unpack
+
+from .axes import Axis
+from .carve import (
+    Planes,
+    aliased_bytes,
+    check_consistent,
+    check_flexkv_alignment,
+    flat_views,
+    logical_views,
+    overlapping_layers,
+    reinterpret,
+    signature,
+    trim_rows,
+)
+from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
+from .layout import Geometry, Interpretation
+from .options import AdaptOptions, resolve_geometry
+from .recognize import Container, Located, candidates, locate, mismatch
+from .report import Report
+from .views import MHAView, MLAView, PoolView
+
+logger = logging.getLogger(__name__)
+
+_HYBRID_MARKERS = ("full_kv_pool", "swa_kv_pool", "mamba_pool", "main_pool", "unified_kv_pool", "c4_kv_pool")
+
+
+def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOptions]) -> PoolView:
+    """Wrap ``pool`` as an :class:`MHAView` or :class:`MLAView` that FlexKV can register.
+
+    Every exposed tensor aliases the pool's memory (nothing is copied), is C-contiguous
+    ``[rows, heads, dim]``, and has rows trimmed to a multiple of ``page_size``. Geometry comes
+    from the pool's metadata (``layer_num``, ``head_num``, ``head_dim``, ``page_size``, ...) and
+    from ``options`` (see :class:`AdaptOptions`). ``adapt`` of a view returns it unchanged.
+
+    Raises:
+        UnsupportedPoolError: nothing in the pool reads as KV buffers (lists every reason).
+        AmbiguousLayoutError: several readings fit; pass ``axes=``/``attrs=`` or geometry.
+        NotAddressableError: the only view FlexKV could get would be misread (non-contiguous).
+        InconsistentLayersError: layers or K/V disagree, or an option contradicts the pool.
+        AdapterError: anything else that must be refused (e.g. rows < page_size).
+    """
+    if isinstance(pool, PoolView):
+        if options or (page_size is not None and page_size != pool.page_size):
+            raise AdapterError(
+                f"{pool!r} is already adapted; to change options adapt its source: adapt(view.source, ...)"
+            )
+        return pool
+    geometry = resolve_geometry(pool, page_size, options)
+    found, reasons = locate(pool, geometry.attrs)
+    fits: list[tuple[Located, Interpretation]] = []
+    for located in found:
+        located = _apply_declared_shape(located, geometry, options, pool)
+        for interp in candidates(located, geometry):
+            why = mismatch(located, interp, geometry)
+            if why is None:
+                fits.append((located, interp))
+            else:
+                reasons.append(f"{located.family} ({'/'.join(located.attrs)}) as {interp}: {why}")
+    if not fits:
+        raise _unsupported(pool, reasons)
+    located, interp, planes = _choose(pool, fits)
+    return _build(pool, located, interp, planes, geometry)
+
+
+def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:
+    name = type(pool).__name__
+    hybrid = [m for m in _HYBRID_MARKERS if getattr(pool, m, None) is not None]
+    lines = [f"Unsupported KV cache type {name}: no recogniser found FlexKV-ready KV buffers."]
+    if hybrid:
+        lines.append(
+            f"It looks like a hybrid wrapper ({', '.join(hybrid)}); hybrid pools are not adapted by "
+            f"this version: adapt the full-attention sub-pool explicitly only if you accept losing the rest."
+        )
+    lines += [f"  - {r}" for r in reasons] or ["  - it is not a tensor, sequence, dict, or object with KV attributes"]
+    lines.append(
+        "Fix: pass attrs=[...] naming the tensor attribute(s), axes='...' for their layout, and the "
+        "geometry (layer_num=, head_num=, head_dim=, page_size=), or register_attribute_names(...)."
+    )
+    return UnsupportedPoolError("\n".join(lines))
+
+
+def _apply_declared_shape(located: Located, geometry: Geometry, options: AdaptOptions, pool: object) -> Located:
+    """View a 1-D byte buffer as its declared ``shape``/``dtype`` (zero-copy)."""
+    containers = []
+    for c in located.containers:
+        t = c.tensors[0]
+        if c.is_sequence or t.ndim != 1:
+            containers.append(c)
+            continue
+        shape, dtype = options.get("shape"), geometry.dtype
+        if shape is None or dtype is None:
+            raise AdapterError(
+                f"{type(pool).__name__}.{c.attr} is a 1-D buffer ({describe(t)}); declare its geometry "
+                f"with shape=(...), dtype=torch.<type> and axes='...' (offset= in bytes if it does not start at 0)"
+            )
+        shaped = _shape_bytes(t, tuple(shape), dtype, options.get("offset", 0))
+        containers.append(replace(c, tensors=(shaped,)))
+        located = replace(located, family="byte-buffer")
+    return replace(located, containers=tuple(containers))
+
+
+def _shape_bytes(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, offset: int) -> torch.Tensor:
+    if not buf.is_contiguous():
+        raise AdapterError(f"a byte buffer must be contiguous, got {describe(buf)}")
+    raw = buf.view(torch.uint8)
+    itemsize = dtype.itemsize
+    if offset < 0 or offset % itemsize:
+        raise AdapterError(f"offset={offset} must be a non-negative multiple of {dtype} itemsize {itemsize}")
+    available = (raw.numel() - offset) // itemsize
+    known = prod(s for s in shape if s != -1)
+    if shape.count(-1) > 1 or known <= 0:
+        raise AdapterError(f"shape={shape} may hold at most one -1 and no zero or negative sizes")
+    if -1 in shape:
+        shape = tuple(available // known if s == -1 else s for s in shape)
+    need = prod(shape) * itemsize
+    if need == 0 or offset + need > raw.numel():
+        raise AdapterError(
+            f"declared shape={shape} of {dtype} from offset {offset} needs {need} bytes but the buffer "
+            f"has {raw.numel()} ({describe(buf)})"
+        )
+    return raw[offset : offset + need].view(dtype).view(shape)
+
+
+def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[Located, Interpretation, Planes]:
+    """The one reading that fits, after merging readings that address the same bytes."""
+    readings = [(loc, interp, logical_views(loc, interp)) for loc, interp in fits]
+    if len(readings) == 1:
+        return readings[0]
+    distinct: dict[tuple[object, ...], tuple[Located, Interpretation, Planes]] = {}
+    for reading in readings:
+        distinct.setdefault(signature(reading[2]), reading)
+    if len(distinct) == 1:
+        return readings[0]
+    listed = []
+    for loc, interp, planes in distinct.values():
+        first = next(iter(planes.values()))
+        rows, heads, dim = first[0].shape[0] * (first[0].shape[1] if first[0].ndim == 4 else 1), *first[0].shape[-2:]
+        listed.append(
+            f"  - {loc.family} attrs={list(loc.attrs)} axes='{' '.join(a.value for a in interp.axes)}' "
+            f"({interp.kind}): {len(first)} layers of {rows} rows x {heads} heads x {dim}"
+        )
+    tensors = {c.attr: c.tensors[0] for loc, _ in fits for c in loc.containers}
+    shown = "; ".join(f"{a}: {describe(t)}" for a, t in tensors.items())
+    raise AmbiguousLayoutError(
+        f"{type(pool).__name__}: {len(distinct)} readings of the KV tensors fit ({shown}):\n"
+        + "\n".join(listed)
+        + "\nFix: pass axes='...' (and attrs=[...]) for the right one, or the geometry that rules the "
+        "others out (layer_num=, head_num=, head_dim=, page_size=, kind=)."
+    )
+
+
+def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -> list[int]:
+    container: Container = located.containers[0]
+    if geometry.layer_ids is not None:
+        if len(geometry.layer_ids) != count:
+            raise AdapterError(f"layer_ids has {len(geometry.layer_ids)} entries but the pool has {count} layers")
+        return list(geometry.layer_ids)
+    if container.ids_problem:
+        raise AmbiguousLayoutError(f"{type(pool).__name__}: {container.ids_problem}")
+    if container.layer_ids is not None:
+        return list(container.layer_ids)
+    return list(range(geometry.start_layer, geometry.start_layer + count))
+
+
+def _page_size(pool: object, geometry: Geometry, interp: Interpretation, planes: Planes) -> int:
+    if geometry.page_size is not None:
+        return geometry.page_size
+    if Axis.TOKEN in interp.axes:
+        return int(next(iter(planes.values()))[0].shape[1])
+    raise AdapterError(
+        f"{type(pool).__name__}: page size unknown (no page_size argument, no pool.page_size, no page "
+        f"axis in the layout); pass adapt(pool, page_size=<tokens per FlexKV block>)"
+    )
+
+
+def _build(pool: object, located: Located, interp: Interpretation, logical: Planes, geometry: Geometry) -> PoolView:
+    attrs = located.attrs
+    page_size = _page_size(pool, geometry, interp, logical)
+    planes = flat_views(logical, interp, pool, attrs)
+    if geometry.dtype is not None:
+        try:
+            planes = reinterpret(planes, geometry.dtype)
+        except RuntimeError as exc:
+            raise AdapterError(f"{type(pool).__name__}: cannot view the KV bytes as {geometry.dtype}: {exc}") from None
+    check_consistent(planes, pool, attrs)
+    first = next(iter(planes.values()))[0]
+    rows = first.shape[0]
+    if rows < page_size:
+        raise AdapterError(
+            f"{type(pool).__name__}.{'/'.join(attrs)}: {rows} rows per layer ({describe(first)}) is fewer "
+            f"than page_size={page_size}; FlexKV needs at least one whole block"
+        )
+    aligned = rows - rows % page_size
+    if aligned != rows:
+        planes = trim_rows(planes, aligned)
+        logger.info(
+            "%s: trimmed rows %d -> %d (dropped %d) to a multiple of page_size %d",
+            type(pool).__name__,
+            rows,
+            aligned,
+            rows - aligned,
+            page_size,
+        )
+    check_flexkv_alignment(planes, page_size, pool, attrs)
+    sources = [t for c in located.containers for t in c.tensors]
+    aliased, copied = aliased_bytes(planes, sources)
+    if copied:
+        raise AdapterError(f"internal error: {copied} bytes of the views do not alias the pool; please report")
+    count = len(first_list := next(iter(planes.values())))
+    layer_ids = _layer_ids(pool, located, count, geometry)
+    warnings = overlapping_layers(planes)
+    logical_dtype = getattr(pool, "dtype", None)
+    stored = first_list[0]
+    if isinstance(logical_dtype, torch.dtype) and logical_dtype.itemsize != stored.element_size():
+        warnings.append(
+            f"pool.dtype {logical_dtype} has itemsize {logical_dtype.itemsize} but the buffers hold {stored.dtype}; "
+            f"FlexKV sizes GPU blocks with its model dtype, which must have itemsize {stored.element_size()}"
+        )
+    for w in warnings:
+        logger.warning("%s: %s", type(pool).__name__, w)
+    report = Report(
+        source_kind=type(pool).__name__,
+        recognizer=located.family,
+        attributes=attrs,
+        reading=str(interp),
+        kind=interp.kind,
+        layer_ids=tuple(layer_ids),
+        excluded_layers=(),
+        page_size=page_size,
+        rows=rows,
+        aligned_rows=aligned,
+        num_blocks=aligned // page_size,
+        dtype=str(first_list[0].dtype).removeprefix("torch."),
+        device=str(first_list[0].device),
+        bytes_aliased=aliased,
+        bytes_copied=copied,
+        warnings=tuple(warnings),
+    )
+    logger.debug("adapted %s", report)
+    common = dict(
+        source=pool,
+        layer_ids=layer_ids,
+        page_size=page_size,
+        num_blocks=aligned // page_size,
+        dtype=first_list[0].dtype,
+        device=first_list[0].device,
+        report=report,
+    )
+    if interp.kind == "mla":
+        return MLAView(planes["kv"], **common)  # type: ignore[arg-type]
+    return MHAView(planes["k"], planes["v"], **common)  # type: ignore[arg-type]

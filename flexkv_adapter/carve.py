@@ -1,0 +1,191 @@
+"""Carve per-layer views out of located tensors: the only module that builds tensors.
+
+Every tensor is made with ``select``/``unsqueeze``/``permute``/``view``/slicing, so nothing here
+allocates KV memory. Carving runs in two stages:
+
+* :func:`logical_views` gives, per plane and layer, a view whose dims are in canonical order
+  (rows axes, heads, dim). It exists for every reading, addressable or not, which lets
+  :func:`signature` tell two readings apart by the bytes they address.
+* :func:`flat_views` turns them into ``[rows, heads, dim]`` tensors FlexKV can address. FlexKV
+  ignores strides (block b is read at ``data_ptr + b * block_bytes``), so each one must be
+  C-contiguous; otherwise :class:`NotAddressableError` says which axis breaks it and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+
+import torch
+
+from .axes import Axis, format_axes
+from .errors import InconsistentLayersError, NotAddressableError, describe
+from .layout import Interpretation, Plane
+from .recognize import Located, plane_sources
+
+Planes = dict[Plane, list[torch.Tensor]]
+
+_FLEXKV_ALIGN = 8  # FlexKV's copy kernels address memory in int64 words (gtensor_handler.cuh)
+
+
+def _canonical_order(axes: Sequence[Axis]) -> list[Axis]:
+    rows = [Axis.ROWS] if Axis.ROWS in axes else [Axis.PAGE, Axis.TOKEN]
+    return [*rows, Axis.HEAD, Axis.DIM]
+
+
+def _layer_view(t: torch.Tensor, axes: Sequence[Axis], layer: int | None, kv: int | None) -> torch.Tensor:
+    rest = list(axes)
+    for axis, index in ((Axis.LAYER, layer), (Axis.KV, kv)):
+        if axis in rest and index is not None:
+            t = t.select(rest.index(axis), index)
+            rest.remove(axis)
+    if Axis.HEAD not in rest:
+        t = t.unsqueeze(t.ndim)
+        rest.append(Axis.HEAD)
+    return t.permute([rest.index(a) for a in _canonical_order(axes)])
+
+
+def logical_views(located: Located, interp: Interpretation) -> Planes:
+    """Per plane, one canonical-order view per layer (may be non-contiguous)."""
+    planes: Planes = {}
+    for plane, container, kv in plane_sources(located, interp):
+        if interp.per_layer:
+            planes[plane] = [_layer_view(t, interp.axes, None, kv) for t in container.tensors]
+        else:
+            t = container.tensors[0]
+            count = t.shape[interp.axes.index(Axis.LAYER)]
+            planes[plane] = [_layer_view(t, interp.axes, layer, kv) for layer in range(count)]
+    return planes
+
+
+def _address_map(t: torch.Tensor) -> tuple[object, ...]:
+    """Canonical (size, stride) runs: equal maps address the same bytes in the same order."""
+    runs: list[list[int]] = []
+    for size, stride in zip(t.shape, t.stride()):
+        if size == 1:
+            continue
+        if runs and runs[-1][1] == size * stride:
+            runs[-1] = [runs[-1][0] * size, stride]
+        else:
+            runs.append([size, stride])
+    return (t.data_ptr(), t.element_size(), tuple(map(tuple, runs)))
+
+
+def rows_heads_dim(t: torch.Tensor) -> tuple[int, int, int]:
+    rows = 1
+    for size in t.shape[:-2]:
+        rows *= size
+    return rows, t.shape[-2], t.shape[-1]
+
+
+def signature(planes: Planes) -> tuple[object, ...]:
+    """What a reading means, independent of how its axes were named."""
+    return tuple((plane, rows_heads_dim(t), _address_map(t)) for plane, views in sorted(planes.items()) for t in views)
+
+
+def _why_not_tight(axes: Sequence[Axis]) -> str:
+    rows_first = axes.index(Axis.ROWS if Axis.ROWS in axes else Axis.PAGE)
+    rows_last = axes.index(Axis.ROWS if Axis.ROWS in axes else Axis.TOKEN)
+    if Axis.HEAD in axes and axes.index(Axis.HEAD) < rows_last:
+        return "heads sit outside tokens (head-major/HND), so one token's heads are not adjacent"
+    for axis, name in ((Axis.LAYER, "layer"), (Axis.KV, "K/V")):
+        if axis in axes and axes.index(axis) > rows_first:
+            unit = "pages" if Axis.PAGE in axes else "tokens"
+            return f"the {name} axis lies between consecutive {unit}, so one layer's rows are interleaved"
+    return "its strides are not tight (padding or a non-contiguous source)"
+
+
+def flat_views(planes: Planes, interp: Interpretation, pool: object, attrs: Sequence[str]) -> Planes:
+    """``[rows, heads, dim]`` C-contiguous views, or :class:`NotAddressableError`."""
+    flat: Planes = {}
+    for plane, views in planes.items():
+        out = []
+        for layer, t in enumerate(views):
+            if not t.is_contiguous():
+                tight = [1] * t.ndim
+                for d in range(t.ndim - 2, -1, -1):
+                    tight[d] = tight[d + 1] * t.shape[d + 1]
+                raise NotAddressableError(
+                    f"{type(pool).__name__}.{'/'.join(attrs)} read as {interp} gives layer {layer} "
+                    f"{plane.upper()} a view with {describe(t)} "
+                    f"(canonical {format_axes(_canonical_order(interp.axes))}),"
+                    f" which is not C-contiguous: {_why_not_tight(interp.axes)}. A tight layout needs "
+                    f"strides {tuple(tight)}. FlexKV ignores strides and reads block b at "
+                    f"data_ptr + b * block_bytes, so it would read the wrong bytes. Fix: keep the engine "
+                    f"layout layer-separate and token-major (NHD), or register the tensor per layer with "
+                    f"its own FlexKV layout instead of flat K/V."
+                )
+            out.append(t.view(rows_heads_dim(t)))
+        flat[plane] = out
+    return flat
+
+
+def reinterpret(planes: Planes, dtype: torch.dtype) -> Planes:
+    """Reinterpret the bytes as ``dtype`` (e.g. uint8 storage of fp8), still zero-copy."""
+    return {plane: [t.view(dtype) for t in views] for plane, views in planes.items()}
+
+
+def check_consistent(planes: Planes, pool: object, attrs: Sequence[str]) -> None:
+    """All layers of a plane agree; K and V agree on rows, heads, dtype and device."""
+    name = f"{type(pool).__name__}.{'/'.join(attrs)}"
+    ref = next(iter(planes.values()))[0]
+    for plane, views in planes.items():
+        first = views[0]
+        for layer, t in enumerate(views):
+            if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
+                raise InconsistentLayersError(
+                    f"{name}: layer {layer} {plane.upper()} has {describe(t)} but layer 0 has "
+                    f"{describe(first)}. Every layer must share shape, dtype and device; adapt "
+                    f"heterogeneous groups separately."
+                )
+        if first.shape[:2] != ref.shape[:2] or first.dtype != ref.dtype or first.device != ref.device:
+            raise InconsistentLayersError(
+                f"{name}: {plane.upper()} has {describe(first)} but K has {describe(ref)}; K and V "
+                f"must agree on rows, heads, dtype and device (only the head dim may differ)."
+            )
+
+
+def check_flexkv_alignment(planes: Planes, page_size: int, pool: object, attrs: Sequence[str]) -> None:
+    """FlexKV copies in 8-byte words: block bytes and base pointers must be multiples of 8."""
+    for plane, views in planes.items():
+        for layer, t in enumerate(views):
+            block_bytes = page_size * t.shape[1] * t.shape[2] * t.element_size()
+            if block_bytes % _FLEXKV_ALIGN or t.data_ptr() % _FLEXKV_ALIGN:
+                raise NotAddressableError(
+                    f"{type(pool).__name__}.{'/'.join(attrs)}: layer {layer} {plane.upper()} has "
+                    f"{describe(t)}, block_bytes={block_bytes} and data_ptr % 8 = {t.data_ptr() % 8}. "
+                    f"FlexKV's copy kernels work in 8-byte words, so block bytes and base addresses "
+                    f"must be multiples of 8. Fix: use a page size that makes page_size*heads*dim*"
+                    f"itemsize a multiple of 8, and an 8-byte aligned offset."
+                )
+
+
+def aliased_bytes(planes: Planes, sources: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """(bytes aliased, bytes not inside any source storage) over all exposed tensors."""
+    spans = [(s.untyped_storage().data_ptr(), s.untyped_storage().nbytes()) for s in sources]
+    aliased = copied = 0
+    for views in planes.values():
+        for t in views:
+            start = t.data_ptr()
+            nbytes = t.numel() * t.element_size()
+            inside = any(base <= start and start + nbytes <= base + size for base, size in spans)
+            if inside and t.untyped_storage().data_ptr() in {b for b, _ in spans}:
+                aliased += nbytes
+            else:
+                copied += nbytes
+    return aliased, copied
+
+
+def overlapping_layers(planes: Planes) -> list[str]:
+    """Exposed tensors whose byte ranges overlap (shared layers, MLA V inside K)."""
+    ranges = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), f"{plane}[{i}]")
+        for plane, views in planes.items()
+        for i, t in enumerate(views)
+    )
+    return [f"{a[2]} overlaps {b[2]}" for a, b in pairwise(ranges) if b[0] < a[1]]
+
+
+def trim_rows(planes: Planes, rows: int) -> Planes:
+    """Keep the first ``rows`` rows of every view (a slice: contiguous, zero-copy)."""
+    return {plane: [t[:rows] for t in views] for plane, views in planes.items()}

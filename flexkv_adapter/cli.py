@@ -1,0 +1,101 @@
+"""Command line: ``flexkv-adapter demo`` (the main job)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .adapt import adapt
+from .errors import AdapterError
+from .samples import SAMPLES
+
+_COLUMNS = ("source", "recognizer", "view", "layers", "rows", "bytes aliased", "bytes copied")
+
+
+def _demo_rows() -> tuple[list[dict[str, Any]], bool]:
+    rows: list[dict[str, Any]] = []
+    ok = True
+    for sample in SAMPLES:
+        row: dict[str, Any] = {"source": sample.name, "expected": sample.refused_with or "adapted"}
+        try:
+            report = adapt(sample.build(), **sample.options).report
+        except AdapterError as exc:
+            row.update(outcome=type(exc).__name__, error=str(exc).splitlines()[0])
+        else:
+            row.update(outcome="adapted", report=report.to_dict())
+        row["ok"] = row["outcome"] == row["expected"]
+        ok &= row["ok"]
+        rows.append(row)
+    return rows, ok
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cells = []
+    for row in rows:
+        r = row.get("report")
+        if r:
+            cells.append(
+                (
+                    row["source"],
+                    r["recognizer"],
+                    r["kind"].upper(),
+                    str(len(r["layer_ids"])),
+                    f"{r['rows']} -> {r['aligned_rows']}",
+                    str(r["bytes_aliased"]),
+                    str(r["bytes_copied"]),
+                )
+            )
+        else:
+            cells.append((row["source"], "-", f"refused: {row['outcome']}", "-", "-", "-", "-"))
+    widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
+
+    def line(c: Sequence[str]) -> str:
+        return "  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip()
+
+    return "\n".join([line(_COLUMNS), line(tuple("-" * w for w in widths)), *map(line, cells)])
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    rows, ok = _demo_rows()
+    if args.json:
+        print(json.dumps({"ok": ok, "pools": rows}, indent=2))
+    else:
+        print(_table(rows))
+    if not ok:
+        bad = next(r for r in rows if not r["ok"])
+        print(f"error: {bad['source']}: expected {bad['expected']}, got {bad['outcome']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flexkv-adapter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="adapt one small CPU pool of every supported kind and print a table")
+    demo.add_argument("--json", action="store_true", help="machine-readable output")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except AdapterError as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The library's error hierarchy.
+
+Every error is an :class:`AdapterError`, itself a :class:`ValueError`, so callers that already
+guard pool set-up with ``except ValueError`` keep working. Messages carry the geometry involved
+(pool class, attribute, shape, stride, dtype) and the fix, because a KV layout error is usually
+diagnosed from one log line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class AdapterError(ValueError):
+    """Base class of every error raised by flexkv_adapter."""
+
+
+class UnsupportedPoolError(AdapterError):
+    """No recogniser understood the pool (the message lists why each one declined)."""
+
+
+class AmbiguousLayoutError(AdapterError):
+    """More than one reading of the tensor axes fits; an option must settle which."""
+
+
+class NotAddressableError(AdapterError):
+    """A view exists but FlexKV, which ignores strides, would read the wrong bytes."""
+
+
+class InconsistentLayersError(AdapterError):
+    """Layers (or K and V) disagree in shape, dtype or device, or geometry conflicts."""
+
+
+def describe(tensor: torch.Tensor) -> str:
+    """One-line geometry of a tensor for error messages."""
+    return (
+        f"shape={tuple(tensor.shape)} stride={tuple(tensor.stride())} "
+        f"dtype={tensor.dtype} offset={tensor.storage_offset()} device={tensor.device}"
+    )

@@ -1,0 +1,87 @@
+"""The objects :func:`~flexkv_adapter.adapt` returns: what FlexKV's connector reads.
+
+FlexKV decides the pool kind with ``hasattr(kvcache, "kv_buffer")`` then
+``hasattr(kvcache, "k_buffer")``. An :class:`MHAView` therefore never exposes ``kv_buffer`` and an
+:class:`MLAView` never exposes ``k_buffer``/``v_buffer``, even if the source pool has them. Every
+other attribute or method is forwarded to the source pool, so connector code that calls pool
+methods (``get_key_buffer``, ``index_k_with_scale_buffer``, ...) keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from .report import Report
+
+
+class PoolView:
+    """Zero-copy, block-aligned, FlexKV-ready view of a KV pool."""
+
+    _hidden: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        source: object,
+        layer_ids: list[int],
+        page_size: int,
+        num_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        report: Report,
+    ) -> None:
+        self.source = source
+        self.layer_ids = layer_ids
+        self.page_size = page_size
+        self.num_blocks = num_blocks
+        self.dtype = dtype
+        self.device = device
+        self.report = report
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails. Guard against recursion before __init__ ran
+        # (copy/pickle) and keep the kind decided by FlexKV's hasattr checks unambiguous.
+        source = self.__dict__.get("source")
+        if source is None or name in type(self)._hidden or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(source, name)
+
+    def __repr__(self) -> str:
+        r = self.report
+        return (
+            f"<{type(self).__name__} of {r.source_kind}: {len(self.layer_ids)} layers, "
+            f"{self.num_blocks} blocks x {self.page_size} tokens, {self.dtype}>"
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every exposed tensor, in FlexKV's registration order."""
+        raise NotImplementedError
+
+
+class MHAView(PoolView):
+    """MHA view: ``k_buffer[i]`` is ``[rows, heads, head_dim]``, ``v_buffer[i]`` ``[rows, heads, v_head_dim]``."""
+
+    _hidden = frozenset({"kv_buffer"})
+
+    def __init__(self, k_buffer: list[torch.Tensor], v_buffer: list[torch.Tensor], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.k_buffer = k_buffer
+        self.v_buffer = v_buffer
+
+    def tensors(self) -> list[torch.Tensor]:
+        """All K tensors, then all V tensors (FlexKV's SGLang addressing mode)."""
+        return [*self.k_buffer, *self.v_buffer]
+
+
+class MLAView(PoolView):
+    """MLA view: ``kv_buffer[i]`` is ``[rows, 1, kv_dim]`` holding K and V together."""
+
+    _hidden = frozenset({"k_buffer", "v_buffer"})
+
+    def __init__(self, kv_buffer: list[torch.Tensor], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kv_buffer = kv_buffer
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self.kv_buffer)
