@@ -219,7 +219,7 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
     count = len(first_list := next(iter(planes.values())))
     layer_ids = _layer_ids(pool, located, count, geometry)
     warnings = overlapping_layers(planes)
-    logical_dtype = getattr(pool, "dtype", None)
+    logical_dtype = None if isinstance(pool, torch.Tensor) else getattr(pool, "dtype", None)
     stored = first_list[0]
     if isinstance(logical_dtype, torch.dtype) and logical_dtype.itemsize != stored.element_size():
         warnings.append(

@@ -107,3 +107,14 @@ def test_view_survives_copy_without_recursion():
     view = adapt(_mha())
     clone = copy.copy(view)
     assert clone.k_buffer is view.k_buffer
+
+
+def test_logical_dtype_with_another_itemsize_is_warned_about():
+    pool = SGLangLikeMHAPool(size=48, page_size=16, dtype=torch.float32, head_num=2, head_dim=4, layer_num=2)
+    pool.dtype = torch.bfloat16
+    assert "itemsize 2" in adapt(pool).report.warnings[0]
+    pool.dtype = torch.float32
+    assert adapt(pool).report.warnings == ()
+    buf = torch.zeros(2 * 2 * 32 * 2 * 4 * 2, dtype=torch.uint8)
+    view = adapt(buf, page_size=16, shape=(2, 2, 32, 2, 4), dtype=torch.bfloat16, axes="L KV N H D")
+    assert view.report.warnings == ()
