@@ -13,7 +13,7 @@ allocates KV memory. Carving runs in two stages:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 import torch
@@ -33,28 +33,43 @@ def _canonical_order(axes: Sequence[Axis]) -> list[Axis]:
     return [*rows, Axis.HEAD, Axis.DIM]
 
 
-def _layer_view(t: torch.Tensor, axes: Sequence[Axis], layer: int | None, kv: int | None) -> torch.Tensor:
+def _layer_recipe(axes: Sequence[Axis], per_layer: bool, kv: int | None) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """Build, once per plane, the view ops that take one layer to canonical axis order."""
     rest = list(axes)
-    for axis, index in ((Axis.LAYER, layer), (Axis.KV, kv)):
-        if axis in rest and index is not None:
-            t = t.select(rest.index(axis), index)
-            rest.remove(axis)
-    if Axis.HEAD not in rest:
-        t = t.unsqueeze(t.ndim)
+    layer_dim = None if per_layer else rest.index(Axis.LAYER)
+    if layer_dim is not None:
+        rest.remove(Axis.LAYER)
+    kv_dim = None if kv is None else rest.index(Axis.KV)
+    if kv_dim is not None:
+        rest.remove(Axis.KV)
+    unsqueeze = Axis.HEAD not in rest
+    if unsqueeze:
         rest.append(Axis.HEAD)
-    return t.permute([rest.index(a) for a in _canonical_order(axes)])
+    perm = [rest.index(a) for a in _canonical_order(axes)]
+    identity = perm == sorted(perm)
+
+    def layer_view(t: torch.Tensor, layer: int) -> torch.Tensor:
+        if layer_dim is not None:
+            t = t.select(layer_dim, layer)
+        if kv_dim is not None:
+            t = t.select(kv_dim, kv)  # type: ignore[arg-type]
+        if unsqueeze:
+            t = t.unsqueeze(t.ndim)
+        return t if identity else t.permute(perm)
+
+    return layer_view
 
 
 def logical_views(located: Located, interp: Interpretation) -> Planes:
     """Per plane, one canonical-order view per layer (may be non-contiguous)."""
     planes: Planes = {}
     for plane, container, kv in plane_sources(located, interp):
+        view = _layer_recipe(interp.axes, interp.per_layer, kv)
         if interp.per_layer:
-            planes[plane] = [_layer_view(t, interp.axes, None, kv) for t in container.tensors]
+            planes[plane] = [view(t, 0) for t in container.tensors]
         else:
             t = container.tensors[0]
-            count = t.shape[interp.axes.index(Axis.LAYER)]
-            planes[plane] = [_layer_view(t, interp.axes, layer, kv) for layer in range(count)]
+            planes[plane] = [view(t, layer) for layer in range(t.shape[interp.axes.index(Axis.LAYER)])]
     return planes
 
 
@@ -72,10 +87,8 @@ def _address_map(t: torch.Tensor) -> tuple[object, ...]:
 
 
 def rows_heads_dim(t: torch.Tensor) -> tuple[int, int, int]:
-    rows = 1
-    for size in t.shape[:-2]:
-        rows *= size
-    return rows, t.shape[-2], t.shape[-1]
+    shape = t.shape
+    return (shape[0] * shape[1] if len(shape) == 4 else shape[0]), shape[-2], shape[-1]
 
 
 def signature(planes: Planes) -> tuple[object, ...]:
@@ -115,7 +128,7 @@ def flat_views(planes: Planes, interp: Interpretation, pool: object, attrs: Sequ
                     f"layout layer-separate and token-major (NHD), or register the tensor per layer with "
                     f"its own FlexKV layout instead of flat K/V."
                 )
-            out.append(t.view(rows_heads_dim(t)))
+            out.append(t if t.ndim == 3 else t.view(rows_heads_dim(t)))
         flat[plane] = out
     return flat
 

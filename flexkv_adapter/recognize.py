@@ -196,22 +196,25 @@ _COMBINED_WHOLE = (
 )
 
 
+_READINGS: dict[tuple[bool, bool], tuple[Interpretation, ...]] = {
+    (split, sequence): tuple(Interpretation(k, parse_axes(a), per_layer=sequence) for k, a in table)  # type: ignore[arg-type]
+    for (split, sequence), table in {
+        (True, True): _SPLIT_PER_LAYER,
+        (True, False): _SPLIT_WHOLE,
+        (False, True): _COMBINED_PER_LAYER,
+        (False, False): _COMBINED_WHOLE,
+    }.items()
+}
+
+
 def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:
     """The readings to try for a located family, honouring declared axes and kind."""
     sequence = located.containers[0].is_sequence
     if geometry.axes is not None:
         kind: ViewKind = geometry.kind or ("mha" if located.split or Axis.KV in geometry.axes else "mla")
         return [Interpretation(kind, geometry.axes, Axis.LAYER not in geometry.axes)]
-    table: tuple[tuple[str, str], ...]
-    if located.split:
-        table = _SPLIT_PER_LAYER if sequence else _SPLIT_WHOLE
-    else:
-        table = _COMBINED_PER_LAYER if sequence else _COMBINED_WHOLE
-    return [
-        Interpretation(k, parse_axes(a), per_layer=sequence)  # type: ignore[arg-type]
-        for k, a in table
-        if k in located.kinds and geometry.kind in (None, k)
-    ]
+    table = _READINGS[(located.split, sequence)]
+    return [i for i in table if i.kind in located.kinds and geometry.kind in (None, i.kind)]
 
 
 def plane_sources(located: Located, interp: Interpretation) -> list[tuple[Plane, Container, int | None]]:

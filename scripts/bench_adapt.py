@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Benchmark adapt() against a bare view loop (the floor) and a copy-based normalisation.
+
+Two sweeps over a flattened ``[L, 2, N, H, D]`` bf16 pool (filled, so its pages are resident):
+layers 8..1024 at a small per-layer size, and pool bytes 1 MiB..4 GiB at 32 layers. Each
+(point, method) runs in a fresh subprocess so its peak RSS is its own. Writes ``bench.json`` and
+``bench.png`` (the plot needs matplotlib: ``pip install -e '.[bench]'``).
+
+    python scripts/bench_adapt.py --out bench-out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+METHODS = ("floor", "adapt", "copy")
+PAGE, HEADS, DIM = 16, 8, 128
+ROW_BYTES = HEADS * DIM * 2  # bf16
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_point(method: str, layers: int, rows: int, repeats: int) -> dict[str, float | int]:
+    """Build the pool, then time ``method`` (in this process) and measure its peak RSS growth."""
+    import torch
+
+    from flexkv_adapter import adapt
+
+    pool = torch.ones(layers, 2, rows, HEADS, DIM, dtype=torch.bfloat16)
+    aligned = rows - rows % PAGE
+
+    def floor() -> list[torch.Tensor]:
+        return [pool.select(0, layer).select(0, kv)[:aligned] for kv in (0, 1) for layer in range(layers)]
+
+    def via_adapt() -> list[torch.Tensor]:
+        return adapt(pool, page_size=PAGE, layer_num=layers, head_num=HEADS, head_dim=DIM).tensors()
+
+    def copy() -> list[torch.Tensor]:
+        flat = torch.cat([pool[layer, kv, :aligned] for kv in (0, 1) for layer in range(layers)])
+        return list(flat.view(2 * layers, aligned, HEADS, DIM).unbind(0))
+
+    fn = {"floor": floor, "adapt": via_adapt, "copy": copy}[method]
+    base_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base_rss = _rss_bytes()
+    times, out = [], None
+    for _ in range(repeats):
+        out = None
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    assert out is not None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    storage = pool.untyped_storage().data_ptr()
+    copied = sum(t.numel() * t.element_size() for t in out if t.untyped_storage().data_ptr() != storage)
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "peak_rss_growth_bytes": max(0, peak - max(base_peak, base_rss)),
+        "bytes_copied": copied,
+        "pool_bytes": pool.numel() * 2,
+    }
+
+
+def _child(method: str, layers: int, rows: int, repeats: int) -> dict[str, float | int]:
+    cmd = [sys.executable, __file__, "--child", method, str(layers), str(rows), str(repeats)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def sweeps(quick: bool) -> dict[str, list[dict[str, int]]]:
+    if quick:
+        return {"layers": [{"layers": n, "rows": 40} for n in (8, 32)],
+                "bytes": [{"layers": 4, "rows": (1 << s) // (4 * 2 * ROW_BYTES)} for s in (20, 22)]}
+    return {
+        "layers": [{"layers": n, "rows": 64} for n in (8, 32, 128, 512, 1024)],
+        "bytes": [{"layers": 32, "rows": (1 << s) // (32 * 2 * ROW_BYTES)} for s in (20, 24, 28, 30, 32)],
+    }
+
+
+def plot(results: dict[str, list[dict[str, object]]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: skipping the plot (pip install -e '.[bench]')", file=sys.stderr)
+        return False
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for col, (sweep, xkey, xlabel) in enumerate((("layers", "layers", "layers"),
+                                                 ("bytes", "pool_bytes", "pool bytes"))):
+        for method in METHODS:
+            pts = [p for p in results[sweep] if p["method"] == method]
+            xs = [p[xkey] for p in pts]
+            axes[0][col].plot(xs, [p["median_s"] * 1e3 for p in pts], marker="o", label=method)
+            axes[1][col].plot(xs, [p["peak_rss_growth_bytes"] / 2**20 for p in pts], marker="o", label=method)
+        for row, ylabel in ((0, "time (ms, median)"), (1, "peak RSS growth (MiB)")):
+            ax = axes[row][col]
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("symlog" if row else "log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+    axes[0][0].set_title("cost vs layers (64 rows x 8 heads x 128, bf16)")
+    axes[0][1].set_title("cost vs pool bytes (32 layers)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        method, layers, rows, repeats = sys.argv[2], *map(int, sys.argv[3:6])
+        print(json.dumps(run_point(method, layers, rows, repeats)))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict[str, object]]] = {}
+    for sweep, points in sweeps(args.quick).items():
+        results[sweep] = []
+        for point in points:
+            for method in METHODS:
+                repeats = 3 if method == "copy" else 30
+                r = {"method": method, **point, **_child(method, point["layers"], point["rows"], repeats)}
+                results[sweep].append(r)
+                print(f"{sweep:6} L={point['layers']:5} pool={r['pool_bytes'] / 2**20:9.1f} MiB {method:5} "
+                      f"{r['median_s'] * 1e3:10.3f} ms  rss +{r['peak_rss_growth_bytes'] / 2**20:8.1f} MiB  "
+                      f"copied {r['bytes_copied']}", flush=True)
+    summary = {}
+    for sweep, rows in results.items():
+        by = {(r["layers"], r["pool_bytes"]): {} for r in rows}
+        for r in rows:
+            by[(r["layers"], r["pool_bytes"])][r["method"]] = r["median_s"]
+        summary[f"{sweep}_adapt_over_floor"] = [round(m["adapt"] / m["floor"], 2) for m in by.values()]
+    payload = {"page_size": PAGE, "heads": HEADS, "head_dim": DIM, "dtype": "bfloat16",
+               "results": results, "summary": summary}
+    (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
+    print(json.dumps(summary))
+    if not args.no_plot:
+        plot(results, args.out / "bench.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
