@@ -56,6 +56,12 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             )
         return pool
     geometry = resolve_geometry(pool, page_size, options)
+    located, interp, planes = recognise(pool, geometry, options)
+    return _build(pool, located, interp, planes, geometry)
+
+
+def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[Located, Interpretation, Planes]:
+    """The one reading of the pool's tensors that fits, with its canonical-order views."""
     found, reasons = locate(pool, geometry.attrs)
     fits: list[tuple[Located, Interpretation]] = []
     for located in found:
@@ -68,8 +74,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
                 reasons.append(f"{located.family} ({'/'.join(located.attrs)}) as {interp}: {why}")
     if not fits:
         raise _unsupported(pool, reasons)
-    located, interp, planes = _choose(pool, fits)
-    return _build(pool, located, interp, planes, geometry)
+    return _choose(pool, fits)
 
 
 def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:

@@ -31,6 +31,22 @@ class InconsistentLayersError(AdapterError):
     """Layers (or K and V) disagree in shape, dtype or device, or geometry conflicts."""
 
 
+class PlanError(AdapterError):
+    """The FlexKV layout cannot be planned: inconsistent TP/head settings or a misread addressing mode."""
+
+
+class AlignmentError(AdapterError):
+    """Ranks disagree on the layout, or a rank did not join a cross-rank alignment in time."""
+
+
+class FlexKVUnavailableError(AdapterError):
+    """FlexKV (an optional dependency) is not importable."""
+
+
+class SettingsError(AdapterError):
+    """Invalid configuration: the key, the value, and what was expected."""
+
+
 def describe(tensor: torch.Tensor) -> str:
     """One-line geometry of a tensor for error messages."""
     return (

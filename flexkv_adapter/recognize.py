@@ -193,6 +193,7 @@ _COMBINED_WHOLE = (
     ("mha", "L KV N H D"),
     ("mha", "KV L N H D"),
     ("mha", "N L KV H D"),  # token-major across layers (recognised, then refused)
+    ("mha", "P L KV T H D"),  # block-first (TensorRT-LLM style): flexkv_adapter.flexkv.plan registers it whole
 )
 
 

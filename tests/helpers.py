@@ -120,3 +120,50 @@ def flexkv_resolve_kv_buffers(kvcache: object) -> list[torch.Tensor]:
     raise AttributeError(
         f"Unsupported KV cache type {type(kvcache).__name__}: expected kv_buffer (MLA/NSA) or k_buffer/v_buffer (MHA)."
     )
+
+
+def _prod(xs: tuple[int, ...] | list[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def flexkv_worker_read(fields: dict, tensors: list[torch.Tensor], layer: int, kv: int, block: int) -> bytes:
+    """Bytes FlexKV's worker reads for (layer, kv, block), written from the contract (§1.1, §1.3, §1.4).
+
+    Strides come from ``kv_shape`` in elements times the element size, except for 5-D kv_dim=2
+    per-layer tensors, whose kv and block strides are read from the tensor; the mode comes from
+    the number of tensors.
+    """
+    lay, blk, kvd = fields["num_layer"], fields["num_block"], fields["kv_dim"]
+    tail = [fields["tokens_per_block"], fields["num_head"], fields["head_size"]]
+    item = tensors[0].element_size()
+    if fields["type"] == "LAYERFIRST":
+        shape = [lay, kvd, blk, *tail]
+        layer_s, block_s, kv_s = _prod(shape[1:]), _prod(shape[3:]), _prod(shape[2:])
+    elif fields["type"] == "BLOCKFIRST":
+        shape = [blk, lay, kvd, *tail]
+        layer_s, block_s, kv_s = _prod(shape[2:]), _prod(shape[1:]), _prod(shape[3:])
+    else:  # LAYERBLOCK
+        shape = [lay, blk, kvd, *tail]
+        layer_s, block_s, kv_s = _prod(shape[1:]), _prod(shape[2:]), _prod(shape[3:])
+    layer_s, block_s, kv_s = layer_s * item, block_s * item, kv_s * item
+    chunk = _prod(tail) * item
+    if len(tensors) == 1:  # TRTLLM
+        t, addr = tensors[0], tensors[0].data_ptr() + block * block_s + layer * layer_s + kv * kv_s
+    elif len(tensors) == lay:  # VLLM
+        t = tensors[layer]
+        if kvd == 2 and t.ndim == 5:
+            kv_axis, block_axis = (0, 1) if fields["type"] == "LAYERFIRST" else (1, 0)
+            kv_s, block_s = t.stride(kv_axis) * item, t.stride(block_axis) * item
+        addr = t.data_ptr() + kv * kv_s + block * block_s
+    elif len(tensors) == 2 * lay:  # SGLANG
+        t = tensors[kv * lay + layer]
+        addr = t.data_ptr() + block * block_s
+    else:
+        raise RuntimeError("Unsupported GPU block type")
+    storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    start = addr - t.untyped_storage().data_ptr()
+    assert start >= 0 and start + chunk <= storage.numel(), "FlexKV would read outside the allocation"
+    return bytes(storage[start : start + chunk].tolist())

@@ -1,0 +1,10 @@
+"""The FlexKV-facing layer: layout/registration plans and registration.
+
+This is the only part of the package that imports FlexKV, and it does so lazily: planning works
+without FlexKV; building FlexKV's own ``KVCacheLayout`` or registering needs it.
+"""
+
+from .plan import AddressingMode, FlexKVPlan, LayoutType, plan
+from .register import import_flexkv, register
+
+__all__ = ["AddressingMode", "FlexKVPlan", "LayoutType", "import_flexkv", "plan", "register"]

@@ -1,0 +1,25 @@
+"""The benchmark's measurement is honest: adapt and the floor copy nothing, the copy baseline does."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "bench_adapt.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_adapt", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("method", "copies"), [("floor", False), ("adapt", False), ("copy", True)])
+def test_run_point_reports_time_and_copied_bytes(bench, method, copies):
+    r = bench.run_point(method, layers=4, rows=40, repeats=2)
+    assert r["median_s"] > 0 and r["pool_bytes"] == 4 * 2 * 40 * bench.ROW_BYTES
+    assert (r["bytes_copied"] > 0) is copies
