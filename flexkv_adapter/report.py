@@ -26,6 +26,7 @@ class Report:
     bytes_aliased: int
     bytes_copied: int
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def dropped_rows(self) -> int:
@@ -53,5 +54,6 @@ class Report:
             f"bytes copied {self.bytes_copied}",
         ]
         lines += [f"  excluded layer {lid}: {why}" for lid, why in self.excluded_layers]
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)

@@ -9,6 +9,7 @@ methods (``get_key_buffer``, ``index_k_with_scale_buffer``, ...) keeps working.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -58,6 +59,33 @@ class PoolView:
         """Every exposed tensor, in FlexKV's registration order."""
         raise NotImplementedError
 
+    def _planes(self) -> dict[str, list[torch.Tensor]]:
+        raise NotImplementedError
+
+    def with_num_blocks(self, num_blocks: int, note: str) -> PoolView:
+        """A new view of the first ``num_blocks`` blocks (slices: still zero-copy and contiguous)."""
+        if not 1 <= num_blocks <= self.num_blocks:
+            raise ValueError(f"num_blocks must be in 1..{self.num_blocks}, got {num_blocks}")
+        rows = num_blocks * self.page_size
+        report = replace(
+            self.report,
+            aligned_rows=rows,
+            num_blocks=num_blocks,
+            bytes_aliased=self.report.bytes_aliased * num_blocks // self.num_blocks,
+            notes=(*self.report.notes, note),
+        )
+        planes = {name: [t[:rows] for t in ts] for name, ts in self._planes().items()}
+        return type(self)(
+            **planes,
+            source=self.source,
+            layer_ids=self.layer_ids,
+            page_size=self.page_size,
+            num_blocks=num_blocks,
+            dtype=self.dtype,
+            device=self.device,
+            report=report,
+        )
+
 
 class MHAView(PoolView):
     """MHA view: ``k_buffer[i]`` is ``[rows, heads, head_dim]``, ``v_buffer[i]`` ``[rows, heads, v_head_dim]``."""
@@ -73,6 +101,9 @@ class MHAView(PoolView):
         """All K tensors, then all V tensors (FlexKV's SGLang addressing mode)."""
         return [*self.k_buffer, *self.v_buffer]
 
+    def _planes(self) -> dict[str, list[torch.Tensor]]:
+        return {"k_buffer": self.k_buffer, "v_buffer": self.v_buffer}
+
 
 class MLAView(PoolView):
     """MLA view: ``kv_buffer[i]`` is ``[rows, 1, kv_dim]`` holding K and V together."""
@@ -85,3 +116,6 @@ class MLAView(PoolView):
 
     def tensors(self) -> list[torch.Tensor]:
         return list(self.kv_buffer)
+
+    def _planes(self) -> dict[str, list[torch.Tensor]]:
+        return {"kv_buffer": self.kv_buffer}
