@@ -1,4 +1,4 @@
-"""Command line: ``flexkv-adapter demo`` (the main job)."""
+"""Command line: ``flexkv-adapter demo`` (the main job) and ``doctor`` (preflight)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import format_doctor, run_doctor
+
+    result = run_doctor(args.config, require_flexkv=args.require_flexkv)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_doctor(result))
+    return 0 if result["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexkv-adapter", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -81,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="adapt one small CPU pool of every supported kind and print a table")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=_cmd_demo)
+    doctor = sub.add_parser("doctor", help="preflight: environment, FlexKV, resolved settings and their sources")
+    doctor.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--require-flexkv", action="store_true", help="treat a missing FlexKV as an error")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 
