@@ -10,17 +10,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .adapt import adapt
 from .errors import AdapterError
-from .samples import SAMPLES
+
+
+def _samples() -> Any:
+    from .samples import SAMPLES
+
+    return SAMPLES
+
 
 _COLUMNS = ("source", "recognizer", "view", "layers", "rows", "bytes aliased", "bytes copied")
 
 
 def _demo_rows() -> tuple[list[dict[str, Any]], bool]:
+    from .adapt import adapt
+
     rows: list[dict[str, Any]] = []
     ok = True
-    for sample in SAMPLES:
+    for sample in _samples():
         row: dict[str, Any] = {"source": sample.name, "expected": sample.refused_with or "adapted"}
         try:
             report = adapt(sample.build(), **sample.options).report
@@ -94,10 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--require-flexkv", action="store_true", help="treat a missing FlexKV as an error")
     doctor.set_defaults(func=_cmd_doctor)
+    sub.add_parser(
+        "start-remote", help="supervised FlexKV remote transfer process (see start-remote --help)", add_help=False
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["start-remote"]:  # its own parser, logging and exit handling
+        from .remote.cli import entry_point
+
+        entry_point(argv[1:], prog="flexkv-adapter start-remote")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],

@@ -8,7 +8,16 @@ diagnosed from one log line.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+FLEXKV_INSTALL_HINT = (
+    "FlexKV is not on the package registries: build it from source (git clone "
+    "taco-project/FlexKV && pip install -e .) on a machine with CUDA, then retry"
+)
 
 
 class AdapterError(ValueError):
@@ -45,6 +54,10 @@ class FlexKVUnavailableError(AdapterError):
 
 class SettingsError(AdapterError):
     """Invalid configuration: the key, the value, and what was expected."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 def describe(tensor: torch.Tensor) -> str:

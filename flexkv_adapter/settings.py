@@ -157,12 +157,13 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         return AdapterSettings(**overrides)
     except ValidationError as exc:
         origins = setting_sources(path, overrides)
-        lines = []
+        lines, keys = [], []
         for err in exc.errors():
             key = str(err["loc"][0]) if err["loc"] else "settings"
             origin = origins.get(key, "settings")
+            keys.append(key)
             lines.append(f"{key}={err.get('input')!r} (from {origin}): {err['msg']}")
-        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines)) from None
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines), tuple(keys)) from None
     finally:
         _yaml_file.reset(token)
 

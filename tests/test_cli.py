@@ -33,7 +33,7 @@ def test_demo_fails_with_one_line_error_when_a_sample_misbehaves(capsys, monkeyp
     from flexkv_adapter import cli, samples
 
     broken = samples.Sample("broken", lambda: object(), {"page_size": 16})
-    monkeypatch.setattr(cli, "SAMPLES", (broken,))
+    monkeypatch.setattr(cli, "_samples", lambda: (broken,))
     assert main(["demo"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: broken: expected adapted, got UnsupportedPoolError"]

@@ -8,15 +8,10 @@ import time
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..errors import AdapterError, FlexKVUnavailableError
+from ..errors import FLEXKV_INSTALL_HINT, AdapterError, FlexKVUnavailableError
 from .plan import FlexKVPlan, plan
 
 logger = logging.getLogger(__name__)
-
-INSTALL_HINT = (
-    "FlexKV is not on the package registries: build it from source (git clone "
-    "taco-project/FlexKV && pip install -e .) on a machine with CUDA, then retry"
-)
 
 
 def import_flexkv(module: str) -> ModuleType:
@@ -24,7 +19,7 @@ def import_flexkv(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise FlexKVUnavailableError(f"cannot import {module} ({exc}). {INSTALL_HINT}") from exc
+        raise FlexKVUnavailableError(f"cannot import {module} ({exc}). {FLEXKV_INSTALL_HINT}") from exc
     except OSError as exc:  # flexkv.common.memory_handle loads libcudart at import time
         raise FlexKVUnavailableError(f"{module} failed to load a native library ({exc}); it needs CUDA") from exc
 

@@ -1,0 +1,163 @@
+"""``start_remote``: command line, settings, and the end-to-end run with cleanup."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import SettingsError
+from ..settings import AdapterSettings, load_settings
+from .children import reap_descendants
+from .exit_codes import ExitCode, RemoteExit
+from .lock import InstanceLock, flexkv_spawned_remotes
+from .preflight import StopRequested, apply_gpu_visibility, load_transfer_manager, validate, wait_for_master
+from .states import HealthServer, State, StateTracker
+from .supervisor import Signals, Supervisor
+
+logger = logging.getLogger("flexkv_adapter.remote")
+
+# command-line flag -> settings field (flags win over every other source)
+_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--master-host", "master_host", str, "node 0's address (FLEXKV_MASTER_HOST)"),
+    ("--master-ports", "master_ports", str, "command,result,query ports (FLEXKV_MASTER_PORTS)"),
+    ("--nnodes", "nnodes", int, "number of nodes"),
+    ("--node-rank", "node_rank", int, "this node's rank (must not be 0)"),
+    ("--server-recv-port", "server_recv_port", str, "FlexKV server port, identical on every node"),
+    ("--transfer-manager", "transfer_manager", str, "module:Class of the remote transfer manager"),
+    ("--connect-timeout", "connect_timeout_s", float, "seconds to wait for the master's ports"),
+    ("--handshake-timeout", "handshake_timeout_s", float, "seconds to wait for the master's config"),
+    ("--gpu-timeout", "gpu_timeout_s", float, "seconds to wait for local GPU registrations"),
+    ("--grace", "grace_s", float, "seconds for a clean shutdown after SIGTERM/SIGINT"),
+    ("--probe-interval", "probe_interval_s", float, "seconds between master liveness probes"),
+    ("--master-lost", "master_lost_s", float, "exit after the master is unreachable this long"),
+    ("--health-host", "health_host", str, "health endpoint address"),
+    ("--health-port", "health_port", int, "health endpoint port (off unless set)"),
+    ("--ready-file", "ready_file", str, "file present (JSON) only while ready"),
+    ("--lock-dir", "lock_dir", str, "directory of the one-remote-per-master lock"),
+)
+
+
+def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Supervised FlexKV remote transfer process for nodes 1..N-1 of a multi-node deployment."
+    )
+    parser.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
+    for flag, dest, kind, text in _FLAGS:
+        parser.add_argument(flag, dest=dest, type=kind, help=text)
+    parser.add_argument(
+        "--allow-loopback-master",
+        dest="allow_loopback_master",
+        action="store_const",
+        const=True,
+        help="accept a loopback master with nnodes > 1 (single-machine testing)",
+    )
+    parser.add_argument(
+        "--keep-cuda-visible-devices",
+        dest="keep_cuda_visible_devices",
+        action="store_const",
+        const=True,
+        help="do not clear CUDA_VISIBLE_DEVICES",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="validate, run the preflight, print the plan, exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def _plan(s: AdapterSettings, visibility: str, lock: InstanceLock) -> dict[str, Any]:
+    return {
+        "master": {"host": s.master_host, "ports": list(s.master_ports)},
+        "node_rank": s.node_rank,
+        "nnodes": s.nnodes,
+        "transfer_manager": s.transfer_manager,
+        "gpu_register_port": f"{s.server_recv_port}_gpu_register",
+        "gpu_visibility": visibility,
+        "deadlines_s": {
+            "connect": s.connect_timeout_s,
+            "handshake": s.handshake_timeout_s,
+            "gpu_registration": s.gpu_timeout_s,
+            "grace": s.grace_s,
+            "master_lost": s.master_lost_s,
+        },
+        "health": f"http://{s.health_host}:{s.health_port}/" if s.health_port else None,
+        "ready_file": str(s.ready_file) if s.ready_file else None,
+        "lock": str(lock.path),
+    }
+
+
+def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | None = None) -> ExitCode:
+    """Everything after settings are loaded; always cleans up (lock, ready file, children)."""
+    signals = signals or Signals()
+    lock = InstanceLock(s.lock_dir, s.master_host or "unset", s.master_ports)
+    tracker: StateTracker | None = None
+    health: HealthServer | None = None
+    try:
+        validate(s)
+        visibility = apply_gpu_visibility(s.keep_cuda_visible_devices)
+        tm_class = load_transfer_manager(s.transfer_manager)
+        lock.acquire()
+        spawned = flexkv_spawned_remotes()
+        if spawned:
+            raise RemoteExit(
+                ExitCode.ALREADY_RUNNING,
+                f"FlexKV's engine already spawned a remote on this node (pid {spawned}); two remotes "
+                f"on one master split its commands. Stop one of them",
+            )
+        tracker = StateTracker(
+            {"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, s.ready_file
+        )
+        if s.health_port:
+            health = HealthServer(tracker, s.health_host, s.health_port)
+            health.start()
+        wait_for_master(s, signals.wait)
+        if dry_run:
+            print(json.dumps(_plan(s, visibility, lock), indent=2))
+            return ExitCode.OK
+        return Supervisor(s, tm_class, tracker, signals).run()
+    except StopRequested:
+        logger.info("stopped before the transfer manager started")
+        return ExitCode.OK
+    except RemoteExit as exc:
+        if tracker is not None:
+            tracker.set(State.FAILED, str(exc))
+        logger.error("%s", exc)
+        return exc.code
+    finally:
+        if health is not None:
+            health.stop()
+        if s.ready_file is not None and tracker is not None:
+            s.ready_file.unlink(missing_ok=True)
+        reap_descendants(grace_s=min(2.0, s.grace_s))
+        lock.release()
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> int:
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s start_remote: %(message)s",
+    )
+    signals = Signals()
+    signals.install()  # before anything slow, so SIGTERM is handled in every state
+    overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS}
+    overrides["allow_loopback_master"] = args.allow_loopback_master
+    overrides["keep_cuda_visible_devices"] = args.keep_cuda_visible_devices
+    try:
+        s = load_settings(args.config, **overrides)
+    except SettingsError as exc:
+        print(f"error: {exc}".replace(":\n  ", ": ").replace("\n  ", "; "), file=sys.stderr)
+        return ExitCode.BAD_PORTS if "master_ports" in exc.keys else ExitCode.SETTINGS
+    return int(run_remote(s, args.dry_run, signals))
+
+
+def entry_point(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> None:
+    """Exit without waiting for threads blocked inside FlexKV (they have no timeouts)."""
+    code = main(argv, prog)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

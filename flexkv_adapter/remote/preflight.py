@@ -1,0 +1,129 @@
+"""Checks before the remote starts: settings that must be refused, GPU visibility, the master's ports."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from ..errors import FLEXKV_INSTALL_HINT
+from ..hosts import classify_host
+from ..settings import AdapterSettings
+from .exit_codes import ExitCode, RemoteExit
+
+logger = logging.getLogger(__name__)
+
+
+class StopRequested(Exception):
+    """A signal arrived while waiting."""
+
+
+def validate(s: AdapterSettings) -> None:
+    """Refuse settings a remote must not run with (each with its own exit status)."""
+    if s.node_rank == 0:
+        raise RemoteExit(
+            ExitCode.NODE_RANK_ZERO,
+            "node_rank is 0: node 0 runs FlexKV's master; run start_remote on nodes 1..nnodes-1",
+        )
+    if not s.master_host:
+        raise RemoteExit(
+            ExitCode.SETTINGS, "master_host is unset: set FLEXKV_MASTER_HOST (or --master-host) to node 0's address"
+        )
+    kind = classify_host(s.master_host)
+    if kind == "unresolved":
+        raise RemoteExit(ExitCode.SETTINGS, f"master_host {s.master_host!r} does not resolve")
+    if kind == "loopback" and s.nnodes > 1 and not s.allow_loopback_master:
+        raise RemoteExit(
+            ExitCode.LOOPBACK_MASTER,
+            f"master_host {s.master_host} is a loopback address but nnodes={s.nnodes}: other nodes "
+            f"cannot reach it (set allow_loopback_master only to test on one machine)",
+        )
+    if kind == "public":
+        logger.warning(
+            "master_host %s is a public address: FlexKV unpickles whatever arrives on ports %s; "
+            "keep them on a trusted network",
+            s.master_host,
+            s.master_ports,
+        )
+
+
+def apply_gpu_visibility(keep: bool) -> str:
+    """Clear CUDA_VISIBLE_DEVICES as FlexKV's own spawn does (its remote expects physical ids)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if keep:
+        decision = f"kept CUDA_VISIBLE_DEVICES={value!r} (keep_cuda_visible_devices)"
+    elif value is None:
+        decision = "CUDA_VISIBLE_DEVICES unset: the remote sees every GPU (physical device ids)"
+    else:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+        decision = f"cleared CUDA_VISIBLE_DEVICES={value!r}: FlexKV's remote expects physical device ids"
+    logger.info("%s", decision)
+    return decision
+
+
+def load_transfer_manager(spec: str) -> type:
+    """Import ``module:Class`` (default: FlexKV's ``TransferManagerOnRemote``)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise RemoteExit(ExitCode.SETTINGS, f"transfer_manager must be 'module:Class', got {spec!r}")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, OSError, AttributeError) as exc:
+        hint = FLEXKV_INSTALL_HINT if module_name.startswith("flexkv") else "check transfer_manager"
+        raise RemoteExit(
+            ExitCode.FLEXKV_MISSING, f"cannot import {spec} ({type(exc).__name__}: {exc}). {hint}"
+        ) from None
+    if not isinstance(cls, type):
+        raise RemoteExit(ExitCode.SETTINGS, f"{spec} is not a class")
+    return cls
+
+
+def unreachable_ports(host: str, ports: tuple[int, ...], timeout: float = 1.0) -> dict[int, str]:
+    """Ports of ``host`` that do not accept a TCP connection, with the reason."""
+    failed = {}
+    for port in ports:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                pass
+        except OSError as exc:
+            failed[port] = exc.strerror or type(exc).__name__
+    return failed
+
+
+def wait_for_master(s: AdapterSettings, should_stop: Callable[[float], bool]) -> None:
+    """Wait, with exponential backoff, until the master's three ports accept TCP connections.
+
+    ZMQ connects never fail, so without this a wrong address would just hang. ``should_stop``
+    sleeps up to the given seconds and returns True if a signal asked us to stop.
+    """
+    assert s.master_host is not None
+    start, delay = time.monotonic(), 0.1
+    while True:
+        elapsed = time.monotonic() - start
+        failed = unreachable_ports(s.master_host, s.master_ports, timeout=min(1.0, s.connect_timeout_s))
+        if not failed:
+            logger.info("master %s ports %s accept connections", s.master_host, s.master_ports)
+            return
+        why = ", ".join(f"{p}: {r}" for p, r in failed.items())
+        remaining = s.connect_timeout_s - (time.monotonic() - start)
+        if remaining <= 0:
+            raise RemoteExit(
+                ExitCode.MASTER_UNREACHABLE,
+                f"master {s.master_host} ports {s.master_ports} not reachable within "
+                f"{s.connect_timeout_s:g}s ({why}); is node 0's engine up with FlexKV multi-node on?",
+            )
+        wait = min(delay, remaining)
+        logger.info(
+            "waiting for master %s (%s); retry in %.1fs (%.1fs of %gs)",
+            s.master_host,
+            why,
+            wait,
+            elapsed,
+            s.connect_timeout_s,
+        )
+        if should_stop(wait):
+            raise StopRequested
+        delay = min(delay * 2, 5.0)
