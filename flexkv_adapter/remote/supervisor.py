@@ -77,7 +77,7 @@ class Supervisor:
         last_seen = next_probe = 0.0
         while True:
             if self.signals.wait(_TICK):
-                return self.shutdown("signal")
+                return self.shutdown("signal", signals_seen=1)
             now, state = time.monotonic(), self.tracker.state
             if state is not seen:
                 seen, phase_start = state, now
@@ -120,13 +120,17 @@ class Supervisor:
                 else:
                     logger.warning("master %s unreachable (%s)", self.s.master_host, next(iter(failed.values())))
 
-    def shutdown(self, reason: str, exit_code: ExitCode = ExitCode.OK) -> ExitCode:
-        """Shut the manager down within ``grace_s``; another signal or the deadline forces exit."""
+    def shutdown(self, reason: str, exit_code: ExitCode = ExitCode.OK, signals_seen: int | None = None) -> ExitCode:
+        """Shut the manager down within ``grace_s``; another signal or the deadline forces exit.
+
+        ``signals_seen`` is how many signals this shutdown already answers (1 when a signal
+        started it), so a second one arriving at any time after it forces exit.
+        """
+        signals_before = self.signals.count if signals_seen is None else signals_seen
         self.tracker.set(State.SHUTTING_DOWN, reason)
         stop = getattr(self.tm, "shutdown", None)
         if not callable(stop):
             return exit_code
-        signals_before = self.signals.count
         worker = threading.Thread(target=stop, name="shutdown", daemon=True)
         worker.start()
         deadline = time.monotonic() + self.s.grace_s
