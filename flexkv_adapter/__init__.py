@@ -29,7 +29,8 @@ if TYPE_CHECKING:
         SettingsError,
         UnsupportedPoolError,
     )
-    from .flexkv import FlexKVPlan, plan, register
+    from .flexkv.plan import FlexKVPlan, plan
+    from .flexkv.register import register
     from .options import AdaptOptions
     from .recognize import register_attribute_names, unregister_attribute_names
     from .report import Report
@@ -50,9 +51,9 @@ _EXPORTS = {
     "PlanError": "errors",
     "SettingsError": "errors",
     "UnsupportedPoolError": "errors",
-    "FlexKVPlan": "flexkv",
-    "plan": "flexkv",
-    "register": "flexkv",
+    "FlexKVPlan": "flexkv.plan",
+    "plan": "flexkv.plan",
+    "register": "flexkv.register",
     "AdaptOptions": "options",
     "register_attribute_names": "recognize",
     "unregister_attribute_names": "recognize",

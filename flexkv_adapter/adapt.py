@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from math import prod
+from typing import Any
 
 import torch
 from typing_extensions import Unpack
 
+from . import hybrid
 from .axes import Axis
 from .carve import (
     Planes,
@@ -25,8 +27,10 @@ from .carve import (
 from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry
+from .plugins import plugin_spec
 from .recognize import Container, Located, candidates, locate, mismatch
 from .report import Report
+from .spec import load_spec, merge_spec_options
 from .views import MHAView, MLAView, PoolView
 
 logger = logging.getLogger(__name__)
@@ -55,9 +59,41 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
                 f"{pool!r} is already adapted; to change options adapt its source: adapt(view.source, ...)"
             )
         return pool
+    given: dict[str, Any] = dict(options)
+    mode, spec_source = given.pop("hybrid", None), given.pop("spec", None)
+    label = None
+    if spec_source is not None:
+        spec = load_spec(spec_source)
+        given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
+        page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
+    structure = hybrid.detect(pool)
+    if structure is not None:
+        hybrid.check_kind(pool, structure, given.get("kind"))
+        view = _adapt_plain(structure.primary, page_size, given, label)
+        if structure.layer_ids is not None and len(structure.layer_ids) == len(view.layer_ids):
+            view = view.rebuild(layer_ids=list(structure.layer_ids))
+        groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
+        return hybrid.apply_policy(view, pool, structure.family, groups, mode)
+    if spec_source is None and not given.get("attrs") and given.get("axes") is None:
+        found = plugin_spec(pool)
+        if found is not None:
+            given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
+            page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
+    view = _adapt_plain(pool, page_size, given, label)
+    return hybrid.apply_policy(view, pool, view.report.recognizer, hybrid.scale_groups(pool, view.layer_ids), mode)
+
+
+def _spec_page_size(name: str, from_spec: int | None, argument: int | None) -> int | None:
+    if from_spec is not None and argument is not None and from_spec != argument:
+        raise AdapterError(f"page_size={argument} contradicts spec {name}: page_size={from_spec}")
+    return argument if argument is not None else from_spec
+
+
+def _adapt_plain(pool: object, page_size: int | None, options: Any, label: str | None) -> PoolView:
     geometry = resolve_geometry(pool, page_size, options)
     located, interp, planes = recognise(pool, geometry, options)
-    return _build(pool, located, interp, planes, geometry)
+    view = _build(pool, located, interp, planes, geometry)
+    return view.rebuild(report=replace(view.report, recognizer=label)) if label else view
 
 
 def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[Located, Interpretation, Planes]:
@@ -174,6 +210,9 @@ def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -
         raise AmbiguousLayoutError(f"{type(pool).__name__}: {container.ids_problem}")
     if container.layer_ids is not None:
         return list(container.layer_ids)
+    model_ids = getattr(pool, "model_layer_ids", None)  # SGLang: global ids of this pool's layers
+    if isinstance(model_ids, (list, tuple)) and len(model_ids) == count and "start_layer" not in geometry.given:
+        return [int(i) for i in model_ids]
     return list(range(geometry.start_layer, geometry.start_layer + count))
 
 

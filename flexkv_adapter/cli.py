@@ -1,4 +1,4 @@
-"""Command line: ``flexkv-adapter demo`` (the main job) and ``doctor`` (preflight)."""
+"""Command line: ``flexkv-adapter demo`` (the main job), ``inspect``, ``doctor``, ``start-remote``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _samples() -> Any:
     return SAMPLES
 
 
-_COLUMNS = ("source", "recognizer", "view", "layers", "rows", "bytes aliased", "bytes copied")
+_COLUMNS = ("source", "recognizer", "view", "layers", "excluded", "rows", "bytes aliased", "bytes copied")
 
 
 def _demo_rows() -> tuple[list[dict[str, Any]], bool]:
@@ -52,13 +52,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
                     r["recognizer"],
                     r["kind"].upper(),
                     str(len(r["layer_ids"])),
+                    str(len({lid for lid, _ in r["excluded_layers"]})),
                     f"{r['rows']} -> {r['aligned_rows']}",
                     str(r["bytes_aliased"]),
                     str(r["bytes_copied"]),
                 )
             )
         else:
-            cells.append((row["source"], "-", f"refused: {row['outcome']}", "-", "-", "-", "-"))
+            cells.append((row["source"], "-", f"refused: {row['outcome']}", "-", "-", "-", "-", "-"))
     widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
 
     def line(c: Sequence[str]) -> str:
@@ -88,6 +89,25 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .spec import load_spec
+
+    failed = False
+    for path in args.specs:
+        try:
+            spec = load_spec(path)
+        except AdapterError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        ok, verdict = spec.addressability()
+        if args.json:
+            print(json.dumps({**spec.model_dump(), "addressable": ok, "verdict": verdict}))
+        else:
+            print(spec.describe())
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flexkv-adapter", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -101,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--require-flexkv", action="store_true", help="treat a missing FlexKV as an error")
     doctor.set_defaults(func=_cmd_doctor)
+    inspect = sub.add_parser("inspect", help="validate layout spec YAML files and explain what they mean")
+    inspect.add_argument("specs", nargs="+", help="spec files (see configs/layouts/)")
+    inspect.add_argument("--json", action="store_true", help="one JSON object per spec")
+    inspect.set_defaults(func=_cmd_inspect)
     sub.add_parser(
         "start-remote", help="supervised FlexKV remote transfer process (see start-remote --help)", add_help=False
     )

@@ -34,6 +34,7 @@ class Geometry:
     layer_ids: tuple[int, ...] | None = None
     dtype: torch.dtype | None = None
     sources: tuple[tuple[str, str], ...] = ()
+    given: frozenset[str] = frozenset()
 
     def expected_dim(self, plane: Plane) -> int | None:
         return {"k": self.head_dim, "v": self.v_head_dim, "kv": self.kv_dim}[plane]
@@ -50,6 +51,10 @@ class Interpretation:
     kind: ViewKind
     axes: tuple[Axis, ...]
     per_layer: bool
+
+    @property
+    def axes_text(self) -> str:
+        return format_axes(self.axes)
 
     @property
     def planes(self) -> tuple[Plane, ...]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Any, Literal, TypedDict
 
 import torch
 
 from .axes import AxesLike, parse_axes
-from .errors import AdapterError, InconsistentLayersError
+from .errors import AdapterError, InconsistentLayersError, NotAddressableError
 from .layout import Geometry, ViewKind
 
 
@@ -22,6 +22,8 @@ class AdaptOptions(TypedDict, total=False):
     start_layer: global id of the first layer (pipeline stages); layer_ids: explicit ids.
     dtype: expose the bytes as this dtype (zero-copy); for a 1-D byte buffer, its element type.
     shape, offset: the declared geometry of a 1-D byte buffer (offset in bytes).
+    spec: a :class:`~flexkv_adapter.spec.LayoutSpec`, a dict, or a YAML path describing the layout.
+    hybrid: "error" (default, or ``FLEXKV_ADAPTER_HYBRID``) or "attention_only" for hybrid pools.
     """
 
     kind: ViewKind
@@ -37,6 +39,8 @@ class AdaptOptions(TypedDict, total=False):
     dtype: torch.dtype
     shape: Sequence[int]
     offset: int
+    spec: Any
+    hybrid: Literal["error", "attention_only"]
 
 
 KNOWN_OPTIONS = frozenset(AdaptOptions.__annotations__)
@@ -69,6 +73,14 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
     sources: list[tuple[str, str]] = []
     pool_facts: dict[str, tuple[int | None, str]] = {n: (_pool_int(pool, n), f"pool.{n}") for n in _POOL_INTS}
     pool_facts["kv_dim"] = _pool_kv_dim(pool)
+    logical = getattr(pool, "dtype", None)
+    if isinstance(logical, torch.dtype) and str(logical).endswith("_x2"):
+        # Packed dtypes (FP4 as float4_e2m1fn_x2) store two values per element: the buffers'
+        # last dim is half the pool's head dims.
+        for name in ("head_dim", "v_head_dim", "kv_dim"):
+            value, origin = pool_facts[name]
+            if value is not None:
+                pool_facts[name] = (value // 2, f"{origin} / 2 ({logical} packs two values per element)")
     for name, (value, origin) in pool_facts.items():
         if value is None:
             continue
@@ -91,6 +103,15 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
         axes = parse_axes(options["axes"]) if options.get("axes") is not None else None
     except ValueError as exc:
         raise AdapterError(f"invalid axes option: {exc}") from None
+    layout = getattr(pool, "kv_cache_layout", None)  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
+    if axes is None and layout == "hnd":
+        axes, kind = parse_axes("P H T D"), kind or "mha"
+    elif axes is None and layout == "vectorized_5d":
+        raise NotAddressableError(
+            f"{type(pool).__name__}: kv_cache_layout='vectorized_5d' (ROCm AITER) packs K as "
+            f"[blocks, heads, dim/X, page, X]; no per-layer [rows, heads, dim] view exists. Fix: run the engine "
+            f"with the NHD layout (unset SGLANG_AITER_KV_CACHE_LAYOUT)"
+        )
     attrs = tuple(options["attrs"]) if options.get("attrs") else None
     if attrs is not None and len(attrs) not in (1, 2):
         raise AdapterError(f"attrs takes one or two attribute names, got {attrs!r}")
@@ -112,4 +133,5 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
         layer_ids=layer_ids,
         dtype=dtype,
         sources=tuple(sources),
+        given=frozenset(given),
     )

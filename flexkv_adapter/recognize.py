@@ -106,6 +106,15 @@ def layer_index_from_name(name: str) -> int | None:
     return ints[0] if len(ints) == 1 else None
 
 
+def resolve_attr(obj: object, path: str) -> object:
+    """``getattr`` along a dotted path (``full_kv_pool.k_buffer``); None if any step is missing."""
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
 def _container(attr: str, value: object) -> Container | str:
     if isinstance(value, torch.Tensor):
         return Container(attr, (value,), is_sequence=False)
@@ -158,7 +167,7 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
     else:
         rules = (*_user_rules, *_BUILTIN_RULES)
     for rule in rules:
-        values = [getattr(pool, n, None) for n in rule.names]
+        values = [resolve_attr(pool, n) for n in rule.names]
         missing = [n for n, v in zip(rule.names, values) if v is None]
         if missing:
             declined.append(f"{rule.family}: no {'/'.join(missing)} (or it is None)")
@@ -206,6 +215,19 @@ _READINGS: dict[tuple[bool, bool], tuple[Interpretation, ...]] = {
         (False, False): _COMBINED_WHOLE,
     }.items()
 }
+
+
+def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
+    """(family, attribute names, reading) for every built-in rule and pool shape."""
+    out: list[tuple[str, tuple[str, ...], Interpretation]] = []
+    for rule in (*_user_rules, *_BUILTIN_RULES):
+        split = len(rule.names) == 2
+        for sequence in (True, False):
+            out += [(rule.family, rule.names, i) for i in _READINGS[(split, sequence)] if i.kind in rule.kinds]
+    out += [("flat-tensor", (), i) for i in _READINGS[(False, False)]]
+    out += [(family, (), i) for family in ("vllm-dict", "sequence") for i in _READINGS[(False, True)]]
+    out += [("kv-pair-lists", (), i) for i in _READINGS[(True, True)]]
+    return out
 
 
 def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:

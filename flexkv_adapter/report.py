@@ -27,6 +27,7 @@ class Report:
     bytes_copied: int
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    side_groups: tuple[str, ...] = ()
 
     @property
     def dropped_rows(self) -> int:
@@ -53,7 +54,9 @@ class Report:
             f"  dtype {self.dtype} on {self.device}; bytes aliased {self.bytes_aliased}, "
             f"bytes copied {self.bytes_copied}",
         ]
-        lines += [f"  excluded layer {lid}: {why}" for lid, why in self.excluded_layers]
+        lines += [f"  side group (not offloaded): {g}" for g in self.side_groups]
+        if self.excluded_layers:
+            lines.append(f"  excluded layers: {sorted({lid for lid, _ in self.excluded_layers})}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)

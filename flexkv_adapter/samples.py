@@ -79,6 +79,60 @@ def _byte_buffer() -> torch.Tensor:
     return torch.zeros(L * 2 * ROWS * H * D * 2 + 64, dtype=torch.uint8)
 
 
+@dataclass(frozen=True)
+class MambaState:
+    """Shaped like SGLang's MambaPool.State: conv inputs per layer group, and the SSM state."""
+
+    conv: list[torch.Tensor]
+    temporal: torch.Tensor
+
+
+def _sub_pool(layer_ids: list[int], rows: int = ROWS) -> SimpleNamespace:
+    return SimpleNamespace(
+        k_buffer=[torch.zeros(rows, H, D, dtype=DTYPE) for _ in layer_ids],
+        v_buffer=[torch.zeros(rows, H, D, dtype=DTYPE) for _ in layer_ids],
+        page_size=PS,
+        layer_num=len(layer_ids),
+        head_num=H,
+        head_dim=D,
+        model_layer_ids=tuple(layer_ids),
+    )
+
+
+def _swa_pool() -> SimpleNamespace:
+    full, swa = [1, 4], [0, 2, 3]
+    mapping = {**{g: (i, False) for i, g in enumerate(full)}, **{g: (i, True) for i, g in enumerate(swa)}}
+    return SimpleNamespace(
+        full_kv_pool=_sub_pool(full), swa_kv_pool=_sub_pool(swa, rows=2 * PS), layers_mapping=mapping, page_size=PS
+    )
+
+
+def _hybrid_linear_pool() -> SimpleNamespace:
+    mamba_ids = [0, 1, 3]
+    mamba = SimpleNamespace(
+        mamba_cache=MambaState(conv=[torch.zeros(len(mamba_ids), 9, 24, 3)], temporal=torch.zeros(3, 9, 2, 4, 8)),
+        mamba_layer_ids=mamba_ids,
+    )
+    return SimpleNamespace(
+        full_kv_pool=_sub_pool([2, 5]), full_attention_layer_id_mapping={2: 0, 5: 1}, mamba_pool=mamba, page_size=PS
+    )
+
+
+def _minimax_pool() -> SimpleNamespace:
+    index_kv = SimpleNamespace(
+        k_buffer=[torch.zeros(ROWS, 1, 16, dtype=DTYPE)], v_buffer=[torch.zeros(ROWS, 1, 16, dtype=DTYPE)]
+    )
+    index_k = SimpleNamespace(k_buffer=[torch.zeros(ROWS, 1, 16, dtype=DTYPE)])
+    return SimpleNamespace(
+        main_pool=_sub_pool([0, 1, 2]),
+        index_kv_pool=index_kv,
+        index_k_pool=index_k,
+        index_kv_layer_id_mapping={1: 0},
+        index_k_layer_id_mapping={2: 0},
+        page_size=PS,
+    )
+
+
 SAMPLES: tuple[Sample, ...] = (
     Sample("sglang MHA", _mha_pool),
     Sample("sglang MHA fp8 (uint8)", lambda: _mha_pool(torch.uint8)),
@@ -120,6 +174,10 @@ SAMPLES: tuple[Sample, ...] = (
         _byte_buffer,
         {"page_size": PS, "shape": (L, 2, ROWS, H, D), "dtype": DTYPE, "axes": "L KV N H D", "offset": 64},
     ),
+    Sample("hybrid SWA (attention_only)", _swa_pool, {"hybrid": "attention_only"}),
+    Sample("hybrid linear + Mamba (attention_only)", _hybrid_linear_pool, {"hybrid": "attention_only"}),
+    Sample("MiniMax sparse (attention_only)", _minimax_pool, {"hybrid": "attention_only"}),
+    Sample("hybrid SWA (default policy)", _swa_pool, refused_with="HybridPoolError"),
     Sample(
         "vLLM >= 0.23 dict [NB, 2, BS, H, D]",
         _vllm_dict(kv_first=False),

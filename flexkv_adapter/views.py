@@ -31,8 +31,10 @@ class PoolView:
         dtype: torch.dtype,
         device: torch.device,
         report: Report,
+        side_groups: tuple[Any, ...] = (),
     ) -> None:
         self.source = source
+        self.side_groups = side_groups
         self.layer_ids = layer_ids
         self.page_size = page_size
         self.num_blocks = num_blocks
@@ -75,16 +77,24 @@ class PoolView:
             notes=(*self.report.notes, note),
         )
         planes = {name: [t[:rows] for t in ts] for name, ts in self._planes().items()}
-        return type(self)(
-            **planes,
+        return self.rebuild(planes, num_blocks=num_blocks, report=report)
+
+    def rebuild(self, planes: dict[str, list[torch.Tensor]] | None = None, **changes: Any) -> PoolView:
+        """A view of the same kind with some fields (or the buffers) replaced."""
+        fields: dict[str, Any] = dict(
             source=self.source,
             layer_ids=self.layer_ids,
             page_size=self.page_size,
-            num_blocks=num_blocks,
+            num_blocks=self.num_blocks,
             dtype=self.dtype,
             device=self.device,
-            report=report,
+            report=self.report,
+            side_groups=self.side_groups,
         )
+        fields.update(changes)
+        cls: Any = type(self)
+        view: PoolView = cls(**(planes or self._planes()), **fields)
+        return view
 
 
 class MHAView(PoolView):

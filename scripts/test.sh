@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Set up and run everything CI checks: lint, type check, and the full test suite.
+# Set up and run everything CI checks: lint, type check, the full test suite, and the
+# real-SGLang tier (SGLang's own pool classes, in .venv-sglang; SKIP_SGLANG_TIER=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check flexkv_adapter tests scripts
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"
+if [ "${SKIP_SGLANG_TIER:-0}" != "1" ]; then
+    bash scripts/install_sglang_cpu.sh
+    .venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/sglang
+fi

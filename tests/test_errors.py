@@ -41,7 +41,7 @@ def test_unsupported_pool_lists_every_reason_and_the_fix():
 
 def test_unsupported_hybrid_wrapper_is_named():
     pool = SimpleNamespace(full_kv_pool=SGLangLikeMHAPool(32, 16, torch.float32, 2, 4, 2), mamba_pool=object())
-    with pytest.raises(UnsupportedPoolError, match="hybrid wrapper \\(full_kv_pool, mamba_pool\\)"):
+    with pytest.raises(UnsupportedPoolError, match="hybrid pool \\(hybrid-linear\\).*cannot enumerate"):
         adapt(pool)
 
 

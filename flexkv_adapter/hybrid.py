@@ -1,0 +1,280 @@
+"""Hybrid pools: wrappers whose attention layers sit beside other state FlexKV does not receive.
+
+Recognised by attributes, never class names:
+
+* ``full_kv_pool`` + ``swa_kv_pool`` + ``layers_mapping``: sliding-window hybrids (SGLang's SWA pool);
+* ``full_kv_pool`` + ``full_attention_layer_id_mapping`` and/or ``mamba_pool``: linear-attention
+  hybrids (Qwen3-Next, Kimi-Linear, NemotronH, ...);
+* ``main_pool`` (+ ``index_kv_pool`` / ``index_k_pool``): MiniMax sparse attention.
+
+The view's primary buffers are the attention sub-pool's; everything else (SWA layers, Mamba
+state, index planes, and the scale planes of quantised pools) is exposed zero-copy as
+:class:`SideGroup` s. Offloading only the attention layers cannot restore a prefix for a model
+that also needs that state, so by default :func:`apply_policy` refuses, naming what would be left
+out; ``hybrid="attention_only"`` (or ``FLEXKV_ADAPTER_HYBRID=attention_only``) opts in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+from .errors import InconsistentLayersError, UnsupportedPoolError
+from .views import PoolView
+
+logger = logging.getLogger(__name__)
+
+HybridMode = Literal["error", "attention_only"]
+SCALE_PLANES = ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer")
+
+
+class HybridPoolError(UnsupportedPoolError):
+    """A hybrid pool, refused by default: FlexKV would receive only part of the model's state."""
+
+
+@dataclass(frozen=True)
+class SideGroup:
+    """Pool memory besides the primary buffers, exposed zero-copy (FlexKV does not receive it)."""
+
+    name: str
+    tensors: tuple[torch.Tensor, ...]
+    layer_ids: tuple[int, ...]
+    index_space: str  # "token", "swa_token", "mamba_slot", "page"
+    reason: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def describe(self) -> str:
+        first = self.tensors[0] if self.tensors else None
+        what = (
+            f"{len(self.tensors)} x {tuple(first.shape)} {str(first.dtype).removeprefix('torch.')}"
+            if first is not None
+            else "no tensors found"
+        )
+        return f"{self.name}: {what}, layers {list(self.layer_ids)}, index space {self.index_space} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class HybridStructure:
+    family: str
+    primary_attr: str
+    primary: object
+    layer_ids: tuple[int, ...] | None
+    side_groups: tuple[SideGroup, ...]
+    backing: tuple[tuple[int, str, object], ...]  # (global layer id, sub-pool attribute, sub-pool)
+
+
+def _tensor_list(value: object) -> list[torch.Tensor] | None:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, torch.Tensor) for t in value):
+        return list(value)
+    return None
+
+
+def pool_kind(sub: object) -> str | None:
+    """ "mla" if it carries ``kv_buffer``, "mha" if ``k_buffer`` and ``v_buffer``, else None."""
+    if _tensor_list(getattr(sub, "kv_buffer", None)):
+        return "mla"
+    if _tensor_list(getattr(sub, "k_buffer", None)) and _tensor_list(getattr(sub, "v_buffer", None)):
+        return "mha"
+    return None
+
+
+def _planes_of(sub: object) -> dict[str, list[torch.Tensor]]:
+    names = ("kv_buffer",) if pool_kind(sub) == "mla" else ("k_buffer", "v_buffer")
+    return {n.removesuffix("_buffer"): ts for n in names if (ts := _tensor_list(getattr(sub, n, None)))}
+
+
+def _inverse(mapping: Mapping[int, int]) -> tuple[int, ...]:
+    return tuple(g for g, _ in sorted(mapping.items(), key=lambda item: item[1]))
+
+
+def _ids(sub: object, fallback: Sequence[int] = ()) -> tuple[int, ...]:
+    ids = getattr(sub, "model_layer_ids", None)
+    return tuple(ids) if isinstance(ids, (list, tuple)) else tuple(fallback)
+
+
+def scale_groups(pool: object, layer_ids: Sequence[int], prefix: str = "") -> list[SideGroup]:
+    """Scale planes of quantised pools (FP4/MXFP8): without them the bytes cannot be dequantised."""
+    return [
+        SideGroup(
+            f"{prefix}{name}",
+            tuple(ts),
+            tuple(layer_ids),
+            "token",
+            "quantisation scales; FlexKV's connector registers only the KV data",
+        )
+        for name in SCALE_PLANES
+        if (ts := _tensor_list(getattr(pool, name, None)))
+    ]
+
+
+def _mamba_groups(mamba: object) -> list[SideGroup]:
+    cache = getattr(mamba, "mamba_cache", None)
+    ids = tuple(getattr(mamba, "mamba_layer_ids", ()) or ())
+    unknown = [
+        SideGroup(
+            "mamba",
+            (),
+            ids,
+            "mamba_slot",
+            f"{type(mamba).__name__} holds linear-attention state this adapter cannot enumerate",
+        )
+    ]
+    if cache is None:
+        return unknown
+    fields = [f.name for f in dataclasses.fields(cache)] if dataclasses.is_dataclass(cache) else list(vars(cache))
+    groups = []
+    for field in fields:
+        value = getattr(cache, field)
+        tensors = _tensor_list(value)
+        if not tensors:
+            continue
+        if isinstance(value, (list, tuple)):
+            groups += [
+                SideGroup(
+                    f"mamba.{field}[{i}]", (t,), ids, "mamba_slot", "linear-attention state, one row per request slot"
+                )
+                for i, t in enumerate(tensors)
+            ]
+        else:
+            groups.append(
+                SideGroup(
+                    f"mamba.{field}",
+                    (value,),
+                    ids,
+                    "mamba_slot",  # type: ignore[arg-type]
+                    "linear-attention state, one row per request slot",
+                )
+            )
+    return groups or unknown
+
+
+def detect(pool: object) -> HybridStructure | None:
+    """The hybrid structure of ``pool``, or None if it is not a recognised wrapper."""
+    full, swa = getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)
+    mapping = getattr(pool, "layers_mapping", None)
+    if full is not None and swa is not None and isinstance(mapping, Mapping):
+        full_ids = tuple(g for g, (_, is_swa) in sorted(mapping.items(), key=lambda kv: kv[1][0]) if not is_swa)
+        swa_ids = tuple(g for g, (_, is_swa) in sorted(mapping.items(), key=lambda kv: kv[1][0]) if is_swa)
+        groups = [
+            SideGroup(
+                f"swa.{plane}",
+                tuple(ts),
+                swa_ids,
+                "swa_token",
+                "sliding-window KV in swa_kv_pool, indexed through full_to_swa_index_mapping",
+            )
+            for plane, ts in _planes_of(swa).items()
+        ]
+        groups += scale_groups(swa, swa_ids, "swa.")
+        backing = tuple((g, "full_kv_pool", full) for g in full_ids) + tuple((g, "swa_kv_pool", swa) for g in swa_ids)
+        return HybridStructure("sglang-swa", "full_kv_pool", full, full_ids, tuple(groups), backing)
+    id_map = getattr(pool, "full_attention_layer_id_mapping", None)
+    mamba = getattr(pool, "mamba_pool", None)
+    if full is not None and (isinstance(id_map, Mapping) or mamba is not None):
+        full_ids = _inverse(id_map) if isinstance(id_map, Mapping) else _ids(full)
+        groups = _mamba_groups(mamba) if mamba is not None else []
+        backing = tuple((g, "full_kv_pool", full) for g in full_ids)
+        return HybridStructure("hybrid-linear", "full_kv_pool", full, full_ids or None, tuple(groups), backing)
+    main = getattr(pool, "main_pool", None)
+    if main is not None:
+        groups = []
+        for attr, map_attr in (
+            ("index_kv_pool", "index_kv_layer_id_mapping"),
+            ("index_k_pool", "index_k_layer_id_mapping"),
+        ):
+            sub = getattr(pool, attr, None)
+            if sub is None:
+                continue
+            sub_map = getattr(pool, map_attr, None)
+            ids = _inverse(sub_map) if isinstance(sub_map, Mapping) else _ids(sub)
+            planes = {
+                n.removesuffix("_buffer"): ts
+                for n in ("k_buffer", "v_buffer")
+                if (ts := _tensor_list(getattr(sub, n, None)))
+            }
+            groups += [
+                SideGroup(
+                    f"{attr.removesuffix('_pool')}.{plane}",
+                    tuple(ts),
+                    ids,
+                    "token",
+                    "sparse-attention index plane used to select KV at decode",
+                )
+                for plane, ts in planes.items()
+            ]
+        main_ids = _ids(main)
+        backing = tuple((g, "main_pool", main) for g in main_ids)
+        return HybridStructure("minimax-sparse", "main_pool", main, main_ids or None, tuple(groups), backing)
+    return None
+
+
+def check_kind(pool: object, structure: HybridStructure, requested: str | None) -> None:
+    """A requested kind every attention layer's backing pool must have (the seed's TypeError)."""
+    if requested is None:
+        return
+    for layer, attr, sub in structure.backing:
+        kind = pool_kind(sub)
+        if kind is not None and kind != requested:
+            shape = "kv_buffer" if kind == "mla" else "k_buffer/v_buffer"
+            raise InconsistentLayersError(
+                f"Layer {layer} is not backed by an {requested.upper()} KV pool: {type(pool).__name__}.{attr} is "
+                f"{type(sub).__name__} ({kind.upper()}, {shape}) but kind={requested!r} was requested. Fix: drop "
+                f"kind= to follow the sub-pool, or build the pool with {requested.upper()} sub-pools "
+                f"(e.g. full_kv_pool_class/swa_kv_pool_class) if the model really is {requested.upper()}."
+            )
+
+
+def resolve_mode(mode: str | None) -> HybridMode:
+    if mode is None:
+        from .settings import load_settings
+
+        return load_settings().hybrid
+    if mode not in ("error", "attention_only"):
+        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
+    """Refuse (default) or accept, with a report and a WARNING, a pool with side groups."""
+    if not groups:
+        return view
+    excluded = tuple((lid, f"{g.name}: {g.reason}") for g in groups for lid in g.layer_ids)
+    described = "; ".join(g.describe() for g in groups)
+    left_out = sorted({lid for g in groups for lid in g.layer_ids})
+    name = type(pool).__name__
+    if resolve_mode(mode) != "attention_only":
+        raise HybridPoolError(
+            f"{name} is a hybrid pool ({family}): FlexKV would receive only the attention layers "
+            f"{list(view.layer_ids)}. Not offloaded: {described}. Layers {left_out} would be restored without "
+            f"that state, so a prefix hit would compute on missing or stale data. To offload the attention "
+            f"layers anyway, pass adapt(pool, hybrid='attention_only') or set FLEXKV_ADAPTER_HYBRID=attention_only."
+        )
+    logger.warning(
+        "%s (%s): offloading attention layers %s only; not offloaded: %s", name, family, list(view.layer_ids), described
+    )
+    report = replace(
+        view.report,
+        source_kind=name,
+        recognizer=f"{family}/{view.report.recognizer}",
+        excluded_layers=excluded,
+        side_groups=tuple(g.describe() for g in groups),
+        warnings=(*view.report.warnings, f"attention layers only: {len(groups)} side group(s) not offloaded"),
+    )
+    return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
+
+
+def side_group_nbytes(groups: Sequence[SideGroup]) -> int:
+    return sum(g.nbytes for g in groups)
+
+
+__all__ = ["HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect", "scale_groups"]

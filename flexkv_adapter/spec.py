@@ -1,0 +1,160 @@
+"""Declarative layout specs: describe a pool's KV tensors without code.
+
+A :class:`LayoutSpec` is the written form of one reading of a pool: which attribute(s) hold the
+tensors, what each axis means, the view kind, and any geometry to check. It is exactly what the
+built-in recognisers try (an attribute family x a reading of the axes; see :func:`builtin_specs`),
+so ``adapt(pool, spec=...)`` goes through the same locate -> fit -> carve path and produces the
+same view. Specs load from YAML (``configs/layouts/`` ships one per known layout).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .axes import Axis, format_axes, parse_axes
+from .errors import AdapterError
+
+_AXIS_MEANING = {
+    Axis.LAYER: "layer (one tensor holds every layer)",
+    Axis.KV: "K/V pair (index 0 = K, 1 = V)",
+    Axis.ROWS: "token rows (flat)",
+    Axis.PAGE: "page / block",
+    Axis.TOKEN: "token within a page (extent = page size)",
+    Axis.HEAD: "KV head",
+    Axis.DIM: "head dim (MLA: the latent + rope row)",
+}
+
+
+class LayoutSpec(BaseModel):
+    """One pool layout, written down."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    kind: Literal["mha", "mla"] | None = None
+    attrs: list[str] | None = Field(None, min_length=1, max_length=2)
+    axes: str
+    page_size: int | None = Field(None, gt=0)
+    dtype: str | None = None
+    layer_num: int | None = Field(None, gt=0)
+    head_num: int | None = Field(None, gt=0)
+    head_dim: int | None = Field(None, gt=0)
+    v_head_dim: int | None = Field(None, gt=0)
+    kv_dim: int | None = Field(None, gt=0)
+    start_layer: int | None = Field(None, ge=0)
+    layer_ids: list[int] | None = None
+
+    @field_validator("axes")
+    @classmethod
+    def _valid_axes(cls, value: str) -> str:
+        return format_axes(parse_axes(value))
+
+    @field_validator("dtype")
+    @classmethod
+    def _valid_dtype(cls, value: str | None) -> str | None:
+        if value is not None and not isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype):
+            raise ValueError(f"{value!r} is not a torch dtype name (e.g. bfloat16, float8_e4m3fn, uint8)")
+        return value.removeprefix("torch.") if value else value
+
+    @property
+    def parsed_axes(self) -> tuple[Axis, ...]:
+        return parse_axes(self.axes)
+
+    def to_options(self) -> dict[str, Any]:
+        """The equivalent :func:`~flexkv_adapter.adapt` options."""
+        fields = self.model_dump(exclude={"name", "description", "dtype"}, exclude_none=True)
+        if self.dtype:
+            fields["dtype"] = getattr(torch, self.dtype)
+        return fields
+
+    def addressability(self) -> tuple[bool, str]:
+        """Whether per-layer flat ``[rows, heads, dim]`` views of this layout are FlexKV-addressable."""
+        axes = self.parsed_axes
+        rows_first = axes.index(Axis.ROWS if Axis.ROWS in axes else Axis.PAGE)
+        rows_last = axes.index(Axis.ROWS if Axis.ROWS in axes else Axis.TOKEN)
+        if Axis.HEAD in axes and axes.index(Axis.HEAD) < rows_last:
+            return False, "head-major (HND): heads sit outside tokens; FlexKV cannot register it"
+        if axes == parse_axes("P KV T H D"):
+            return False, (
+                "K/V interleaved per block: not addressable as flat K/V; plan() registers it whole "
+                "(LAYERBLOCK, one tensor per layer)"
+            )
+        if axes == parse_axes("P L KV T H D"):
+            return False, "block-first: not addressable as flat K/V; plan() registers it whole (BLOCKFIRST)"
+        inner = [a for a in axes if a in (Axis.LAYER, Axis.KV) and axes.index(a) > rows_first]
+        if inner:
+            return False, f"the {format_axes(inner)} axis lies between consecutive rows: not addressable"
+        return True, "addressable: per-layer views are C-contiguous [rows, heads, dim] (if the tensor is contiguous)"
+
+    def describe(self) -> str:
+        _, verdict = self.addressability()
+        lines = [f"spec {self.name}: {self.kind.upper() if self.kind else 'MHA or MLA'} view"]
+        if self.description:
+            lines.append(f"  {self.description}")
+        lines.append(f"  tensors: {'/'.join(self.attrs) if self.attrs else 'the pool object itself'}")
+        lines.append(f"  axes [{self.axes}]:")
+        lines += [f"    {a.value:>2}  {_AXIS_MEANING[a]}" for a in self.parsed_axes]
+        geometry = {k: v for k, v in self.to_options().items() if k not in ("kind", "attrs", "axes")}
+        if geometry:
+            lines.append(f"  geometry: {geometry}")
+        lines.append(f"  verdict: {verdict}")
+        return "\n".join(lines)
+
+
+def load_spec(source: LayoutSpec | Mapping[str, Any] | str | os.PathLike[str]) -> LayoutSpec:
+    """A spec object, a dict, or the path of a YAML file -> validated :class:`LayoutSpec`."""
+    if isinstance(source, LayoutSpec):
+        return source
+    where = "spec"
+    try:
+        if isinstance(source, Mapping):
+            return LayoutSpec.model_validate(dict(source))
+        path = Path(source)
+        where = str(path)
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise AdapterError(f"{path}: a layout spec is a YAML mapping, got {type(data).__name__}")
+        data.setdefault("name", path.stem)
+        return LayoutSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}" for e in exc.errors())
+        raise AdapterError(f"invalid layout spec ({where}): {problems}") from None
+    except OSError as exc:
+        raise AdapterError(f"cannot read layout spec {where}: {exc}") from None
+
+
+def merge_spec_options(spec: LayoutSpec, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Spec fields plus explicit options; an option contradicting the spec is an error."""
+    merged = spec.to_options()
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in merged and merged[key] != value and key != "axes":
+            raise AdapterError(f"option {key}={value!r} contradicts spec {spec.name}: {key}={merged[key]!r}")
+        if key == "axes" and parse_axes(value) != spec.parsed_axes:
+            raise AdapterError(f"option axes={value!r} contradicts spec {spec.name}: axes={spec.axes!r}")
+        merged[key] = value
+    return merged
+
+
+def builtin_specs() -> list[LayoutSpec]:
+    """Every reading the built-in recognisers try, written as specs (docs, ``inspect``, tests)."""
+    from .recognize import builtin_readings
+
+    return [
+        LayoutSpec(
+            name=f"{family}:{'/'.join(attrs) or 'pool'}:{interp.axes_text}",
+            kind=interp.kind,
+            attrs=list(attrs) or None,
+            axes=interp.axes_text,
+        )
+        for family, attrs, interp in builtin_readings()
+    ]

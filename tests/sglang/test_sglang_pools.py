@@ -1,0 +1,249 @@
+"""Conformance against SGLang's own pool classes (sglang 0.5.23, CPU): adapt, alias, refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flexkv_adapter import InconsistentLayersError, MHAView, MLAView, NotAddressableError, UnsupportedPoolError, adapt
+from flexkv_adapter.flexkv import plan
+from flexkv_adapter.hybrid import HybridPoolError
+
+from ..helpers import flexkv_worker_read, region_bytes
+
+KW = {"device": "cpu", "enable_memory_saver": False}
+
+
+def mp():
+    from sglang.srt.mem_cache import memory_pool
+
+    return memory_pool
+
+
+def _fill(tensors, start=0):
+    for i, t in enumerate(tensors):
+        t.view(torch.uint8).copy_(
+            (torch.arange(t.numel() * t.element_size()) % 241 + start + i)
+            .to(torch.uint8)
+            .view(t.view(torch.uint8).shape)
+        )
+
+
+def _assert_write_through(view_t: torch.Tensor, getter_t: torch.Tensor) -> None:
+    """Bytes written through the view are what the pool's getter returns, and back."""
+    rows = view_t.shape[0]
+    raw_view = view_t.view(torch.uint8).view(rows, -1)
+    raw_pool = getter_t[:rows].view(torch.uint8).view(rows, -1)  # .view: fails rather than copies
+    raw_view[rows // 2].fill_(251)
+    assert torch.equal(raw_pool[rows // 2], raw_view[rows // 2])
+    raw_pool[rows - 1].fill_(252)
+    assert (raw_view[rows - 1] == 252).all()
+    assert view_t.untyped_storage().data_ptr() == getter_t.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "v_head_dim", "start_layer"),
+    [
+        (torch.bfloat16, None, None),
+        (torch.float8_e4m3fn, None, None),
+        (torch.bfloat16, 16, None),
+        (torch.bfloat16, None, 5),
+    ],
+    ids=["bf16", "fp8-as-uint8", "v_head_dim!=head_dim", "pp-start-5"],
+)
+def test_mha_token_to_kv_pool(dtype, v_head_dim, start_layer):
+    pool = mp().MHATokenToKVPool(
+        size=64,
+        page_size=16,
+        dtype=dtype,
+        head_num=4,
+        head_dim=8,
+        layer_num=3,
+        v_head_dim=v_head_dim,
+        start_layer=start_layer,
+        **KW,
+    )
+    _fill(pool.k_buffer), _fill(pool.v_buffer, 100)
+    view = adapt(pool)
+    assert isinstance(view, MHAView) and view.num_blocks == 5
+    first = start_layer or 0
+    assert view.layer_ids == [first, first + 1, first + 2]
+    for i, layer_id in enumerate(view.layer_ids):
+        assert torch.equal(view.k_buffer[i].view(torch.uint8), pool.get_key_buffer(layer_id).view(torch.uint8))
+        _assert_write_through(view.k_buffer[i], pool.get_key_buffer(layer_id))
+        _assert_write_through(view.v_buffer[i], pool.get_value_buffer(layer_id))
+    if v_head_dim is None:
+        p = plan(view)
+        for layer in range(3):
+            for kv, plane in enumerate((pool.k_buffer, pool.v_buffer)):
+                for block in range(5):
+                    expected = region_bytes(plane[layer][block * 16 : (block + 1) * 16])
+                    assert flexkv_worker_read(p.layout_fields(), list(p.tensors), layer, kv, block) == expected
+
+
+def test_mla_token_to_kv_pool():
+    pool = mp().MLATokenToKVPool(
+        size=64, page_size=16, dtype=torch.bfloat16, kv_lora_rank=24, qk_rope_head_dim=8, layer_num=2, **KW
+    )
+    _fill(pool.kv_buffer)
+    view = adapt(pool)
+    assert isinstance(view, MLAView) and view.kv_buffer[0].shape == (80, 1, 32)
+    for i in range(2):
+        _assert_write_through(view.kv_buffer[i], pool.get_key_buffer(i))
+        view.kv_buffer[i][7, 0, :24].view(torch.uint8).fill_(9)
+        assert (pool.get_value_buffer(i)[7].view(torch.uint8) == 9).all()
+    assert plan(view).num_kv_heads == 1
+
+
+def test_dsa_token_to_kv_pool_passes_the_indexer_through():
+    pool = mp().DSATokenToKVPool(
+        size=128,
+        page_size=64,
+        kv_lora_rank=24,
+        dtype=torch.bfloat16,
+        qk_rope_head_dim=8,
+        layer_num=2,
+        index_head_dim=128,
+        kv_cache_dim=32,
+        **KW,
+    )
+    view = adapt(pool)
+    assert isinstance(view, MLAView) and view.num_blocks == 3
+    indexer = pool.index_k_with_scale_buffer
+    assert [t.data_ptr() for t in view.index_k_with_scale_buffer] == [t.data_ptr() for t in indexer]
+    _assert_write_through(view.kv_buffer[1], pool.get_key_buffer(1))
+
+
+def _swa():
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    return SWAKVPool(
+        size=64,
+        size_swa=32,
+        page_size=16,
+        dtype=torch.bfloat16,
+        head_num=4,
+        head_dim=8,
+        swa_attention_layer_ids=[0, 2, 3],
+        full_attention_layer_ids=[1, 4],
+        **KW,
+    )
+
+
+def test_swa_pool_is_refused_by_default_naming_the_left_out_layers():
+    with pytest.raises(HybridPoolError) as err:
+        adapt(_swa())
+    msg = str(err.value)
+    assert "attention layers [1, 4]" in msg and "swa.k" in msg and "layers [0, 2, 3]" in msg
+    assert "hybrid='attention_only'" in msg and "FLEXKV_ADAPTER_HYBRID" in msg
+
+
+def test_swa_pool_attention_only_exposes_full_layers_and_swa_side_groups(caplog):
+    pool = _swa()
+    view = adapt(pool, hybrid="attention_only")
+    assert isinstance(view, MHAView) and view.layer_ids == [1, 4] and view.source is pool
+    assert sorted({lid for lid, _ in view.report.excluded_layers}) == [0, 2, 3]
+    assert any("attention layers [1, 4] only" in m for m in caplog.messages)
+    for i, layer_id in enumerate(view.layer_ids):
+        _assert_write_through(view.k_buffer[i], pool.get_key_buffer(layer_id))
+        _assert_write_through(view.v_buffer[i], pool.get_value_buffer(layer_id))
+    groups = {g.name: g for g in view.side_groups}
+    assert set(groups) == {"swa.k", "swa.v"} and groups["swa.k"].index_space == "swa_token"
+    for j, layer_id in enumerate(groups["swa.k"].layer_ids):
+        assert groups["swa.k"].tensors[j].data_ptr() == pool.get_key_buffer(layer_id).data_ptr()
+
+
+def test_swa_pool_with_mha_sub_pools_refuses_kind_mla_like_the_seed():
+    with pytest.raises(InconsistentLayersError, match="Layer 1 is not backed by an MLA KV pool.*MHATokenToKVPool"):
+        adapt(_swa(), kind="mla", hybrid="attention_only")
+
+
+def _hybrid_linear():
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+    shape = Mamba2StateShape.create(
+        tp_world_size=1, intermediate_size=64, n_groups=2, num_heads=4, head_dim=8, state_size=16, conv_kernel=4
+    )
+    mamba = mp().MambaPool(
+        size=8,
+        spec_state_size=0,
+        cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1, 3]),
+        mamba_layer_ids=[0, 1, 3],
+        device="cpu",
+    )
+    return mp().HybridLinearKVPool(
+        size=64,
+        dtype=torch.bfloat16,
+        page_size=16,
+        head_num=4,
+        head_dim=8,
+        full_attention_layer_ids=[2, 5],
+        device="cpu",
+        mamba_pool=mamba,
+    )
+
+
+def test_hybrid_linear_pool_with_mamba_state():
+    pool = _hybrid_linear()
+    with pytest.raises(HybridPoolError, match="mamba.conv\\[0\\].*mamba.temporal"):
+        adapt(pool)
+    view = adapt(pool, hybrid="attention_only")
+    assert view.layer_ids == [2, 5]
+    for i, layer_id in enumerate(view.layer_ids):
+        _assert_write_through(view.k_buffer[i], pool.get_key_buffer(layer_id))
+    groups = {g.name: g for g in view.side_groups}
+    cache = pool.mamba_pool.mamba_cache
+    assert groups["mamba.temporal"].tensors[0] is cache.temporal
+    assert groups["mamba.conv[0]"].tensors[0] is cache.conv[0]
+    assert groups["mamba.temporal"].layer_ids == (0, 1, 3) and groups["mamba.temporal"].index_space == "mamba_slot"
+
+
+def test_minimax_sparse_pool():
+    pool = mp().MiniMaxSparseKVPool(
+        size=64,
+        page_size=16,
+        dtype=torch.bfloat16,
+        head_num=4,
+        head_dim=8,
+        idx_head_dim=16,
+        dense_layer_ids=[0],
+        sparse_layer_ids=[1, 2],
+        disable_value_sparse_layer_ids=[2],
+        start_layer=0,
+        end_layer=3,
+        **KW,
+    )
+    with pytest.raises(HybridPoolError, match="minimax-sparse"):
+        adapt(pool)
+    view = adapt(pool, hybrid="attention_only")
+    assert view.layer_ids == [0, 1, 2]
+    groups = {g.name: g.layer_ids for g in view.side_groups}
+    assert groups == {"index_kv.k": (1,), "index_kv.v": (1,), "index_k.k": (2,)}
+    _assert_write_through(view.k_buffer[2], pool.main_pool.get_key_buffer(2))
+
+
+def test_fp4_pool_needs_its_scale_planes():
+    pool = mp().MHATokenToKVPoolFP4(
+        size=64, page_size=16, dtype=torch.float4_e2m1fn_x2, head_num=4, head_dim=32, layer_num=2, **KW
+    )
+    with pytest.raises(HybridPoolError, match="k_scale_buffer.*quantisation scales"):
+        adapt(pool)
+    view = adapt(pool, hybrid="attention_only")
+    assert view.dtype == torch.uint8 and view.k_buffer[0].shape == (80, 4, 16)
+    assert {g.name for g in view.side_groups} == {"k_scale_buffer", "v_scale_buffer"}
+
+
+def test_k_only_pool_is_refused():
+    pool = mp().MHATokenToKOnlyPool(
+        size=64, page_size=16, dtype=torch.bfloat16, head_num=4, head_dim=8, layer_num=2, **KW
+    )
+    with pytest.raises(UnsupportedPoolError, match="sglang-mha: no v_buffer"):
+        adapt(pool)
+
+
+def test_head_major_pool_is_refused(monkeypatch):
+    monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")
+    pool = mp().MHATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, head_num=4, head_dim=8, layer_num=2, **KW)
+    assert pool.kv_cache_layout == "hnd" and pool.k_buffer[0].shape == (5, 4, 16, 8)
+    with pytest.raises(NotAddressableError, match="head-major"):
+        adapt(pool)
