@@ -21,6 +21,7 @@ from .carve import (
     logical_views,
     overlapping_layers,
     reinterpret,
+    rows_heads_dim,
     signature,
     trim_rows,
 )
@@ -185,7 +186,7 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
     listed = []
     for loc, interp, planes in distinct.values():
         first = next(iter(planes.values()))
-        rows, heads, dim = first[0].shape[0] * (first[0].shape[1] if first[0].ndim == 4 else 1), *first[0].shape[-2:]
+        rows, heads, dim = rows_heads_dim(first[0])
         listed.append(
             f"  - {loc.family} attrs={list(loc.attrs)} axes='{' '.join(a.value for a in interp.axes)}' "
             f"({interp.kind}): {len(first)} layers of {rows} rows x {heads} heads x {dim}"

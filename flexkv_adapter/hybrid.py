@@ -273,8 +273,4 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
     return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
 
 
-def side_group_nbytes(groups: Sequence[SideGroup]) -> int:
-    return sum(g.nbytes for g in groups)
-
-
 __all__ = ["HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect", "scale_groups"]

@@ -274,16 +274,19 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         extent = dict(zip(axes, first.shape))
         layers = len(container.tensors) if interp.per_layer else extent[Axis.LAYER]
         head = extent.get(Axis.HEAD, 1)
-        want: list[tuple[str, int, int | None]] = [
-            ("layers", layers, geometry.layer_num),
-            ("heads", head, 1 if interp.kind == "mla" else geometry.head_num),
-            ("D", extent[Axis.DIM], geometry.expected_dim(plane)),
+        dim_fact = {"k": "head_dim", "v": "v_head_dim", "kv": "kv_dim"}[plane]
+        want: list[tuple[str, int, int | None, str]] = [
+            ("layers", layers, geometry.layer_num, geometry.origin("layer_num")),
+            ("heads", head, 1, "MLA rows have one head")
+            if interp.kind == "mla"
+            else ("heads", head, geometry.head_num, geometry.origin("head_num")),
+            ("D", extent[Axis.DIM], geometry.expected_dim(plane), geometry.origin(dim_fact)),
         ]
         if Axis.KV in extent:
-            want.append(("KV axis", extent[Axis.KV], 2))
+            want.append(("KV axis", extent[Axis.KV], 2, "K and V"))
         if Axis.TOKEN in extent:
-            want.append(("tokens per page", extent[Axis.TOKEN], geometry.page_size))
-        for what, got, expected in want:
+            want.append(("tokens per page", extent[Axis.TOKEN], geometry.page_size, geometry.origin("page_size")))
+        for what, got, expected, origin in want:
             if expected is not None and got != expected:
-                return f"{container.attr}: {what} would be {got}, expected {expected}"
+                return f"{container.attr}: {what} would be {got}, expected {expected} ({origin})"
     return None
