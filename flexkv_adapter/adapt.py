@@ -67,6 +67,12 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
         spec = load_spec(spec_source)
         given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
         page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
+    if getattr(pool, "full_to_hisparse_device_index_mapping", None) is not None:
+        raise UnsupportedPoolError(
+            f"{type(pool).__name__} is a HiSparse pool: its device buffers hold only the hot subset of tokens, "
+            f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
+            f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
+        )
     structure = hybrid.detect(pool)
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))

@@ -145,3 +145,13 @@ def test_misaligned_base_pointer_is_refused():
     buf = torch.zeros(4 * 32 * 8 * 2 + 2, dtype=torch.uint8)
     with pytest.raises(NotAddressableError, match="data_ptr % 8 = 2"):
         adapt(buf, page_size=16, shape=(2, 2, 32, 1, 8), dtype=torch.bfloat16, axes="L KV N H D", offset=2)
+
+
+def test_hisparse_pools_are_refused():
+    pool = SimpleNamespace(
+        kv_buffer=[torch.zeros(32, 1, 8)],
+        page_size=16,
+        full_to_hisparse_device_index_mapping=torch.zeros(64, dtype=torch.int64),
+    )
+    with pytest.raises(UnsupportedPoolError, match="HiSparse pool.*wrong rows"):
+        adapt(pool)
