@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import replace
 from math import prod
@@ -67,7 +68,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
         spec = load_spec(spec_source)
         given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
         page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
-    if getattr(pool, "full_to_hisparse_device_index_mapping", None) is not None:
+    if _is_hisparse(pool):
         raise UnsupportedPoolError(
             f"{type(pool).__name__} is a HiSparse pool: its device buffers hold only the hot subset of tokens, "
             f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
@@ -88,6 +89,24 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
     view = _adapt_plain(pool, page_size, given, label)
     return hybrid.apply_policy(view, pool, view.report.recognizer, hybrid.scale_groups(pool, view.layer_ids), mode)
+
+
+def _is_hisparse(pool: object) -> bool:
+    """HiSparse pools carry (or register later) a full -> device index mapping."""
+    try:
+        mapping = getattr(pool, "full_to_hisparse_device_index_mapping", None)
+    except Exception:  # e.g. a property that asserts hisparse is enabled
+        mapping = None
+    if mapping is not None:
+        return True
+    register_mapping = getattr(pool, "register_mapping", None)
+    try:
+        return (
+            callable(register_mapping)
+            and "full_to_hisparse_device_index_mapping" in inspect.signature(register_mapping).parameters
+        )
+    except (TypeError, ValueError):
+        return False
 
 
 def _spec_page_size(name: str, from_spec: int | None, argument: int | None) -> int | None:

@@ -247,3 +247,34 @@ def test_head_major_pool_is_refused(monkeypatch):
     assert pool.kv_cache_layout == "hnd" and pool.k_buffer[0].shape == (5, 4, 16, 8)
     with pytest.raises(NotAddressableError, match="head-major"):
         adapt(pool)
+
+
+def test_hisparse_pools_are_refused():
+    from sglang.srt.mem_cache.hisparse_memory_pool import HiSparseDSATokenToKVPool
+
+    pool = HiSparseDSATokenToKVPool(
+        size=128,
+        page_size=64,
+        kv_lora_rank=24,
+        dtype=torch.bfloat16,
+        qk_rope_head_dim=8,
+        layer_num=2,
+        index_head_dim=128,
+        kv_cache_dim=32,
+        **KW,
+    )
+    with pytest.raises(UnsupportedPoolError, match="HiSparse pool"):
+        adapt(pool)
+
+
+def test_hisparse_mha_main_pool_is_refused_before_its_mapping_is_registered():
+    from sglang.srt.mem_cache.hisparse_memory_pool import HiSparseMHAMainPool
+
+    try:
+        pool = HiSparseMHAMainPool(
+            size=64, page_size=16, dtype=torch.bfloat16, head_num=4, head_dim=8, layer_num=2, **KW
+        )
+    except TypeError as exc:  # constructor arguments differ between releases
+        pytest.skip(f"HiSparseMHAMainPool signature: {exc}")
+    with pytest.raises(UnsupportedPoolError, match="HiSparse pool"):
+        adapt(pool)
