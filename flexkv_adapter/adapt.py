@@ -124,8 +124,9 @@ def _adapt_plain(pool: object, page_size: int | None, options: Any, label: str |
 
 def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[Located, Interpretation, Planes]:
     """The one reading of the pool's tensors that fits, with its canonical-order views."""
-    found, reasons = locate(pool, geometry.attrs)
+    found, declined = locate(pool, geometry.attrs)
     fits: list[tuple[Located, Interpretation]] = []
+    misfits: list[tuple[Located, Interpretation, str]] = []
     for located in found:
         located = _apply_declared_shape(located, geometry, options, pool)
         for interp in candidates(located, geometry):
@@ -133,8 +134,9 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
             if why is None:
                 fits.append((located, interp))
             else:
-                reasons.append(f"{located.family} ({'/'.join(located.attrs)}) as {interp}: {why}")
+                misfits.append((located, interp, why))
     if not fits:
+        reasons = [*declined, *(f"{loc.family} ({'/'.join(loc.attrs)}) as {i}: {why}" for loc, i, why in misfits)]
         raise _unsupported(pool, reasons)
     return _choose(pool, fits)
 

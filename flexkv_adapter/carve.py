@@ -175,14 +175,13 @@ def check_flexkv_alignment(planes: Planes, page_size: int, pool: object, attrs: 
 
 def aliased_bytes(planes: Planes, sources: Sequence[torch.Tensor]) -> tuple[int, int]:
     """(bytes aliased, bytes not inside any source storage) over all exposed tensors."""
-    spans = [(s.untyped_storage().data_ptr(), s.untyped_storage().nbytes()) for s in sources]
+    spans = {s.untyped_storage().data_ptr(): s.untyped_storage().nbytes() for s in sources}
     aliased = copied = 0
     for views in planes.values():
         for t in views:
-            start = t.data_ptr()
-            nbytes = t.numel() * t.element_size()
-            inside = any(base <= start and start + nbytes <= base + size for base, size in spans)
-            if inside and t.untyped_storage().data_ptr() in {b for b, _ in spans}:
+            base, start, nbytes = t.untyped_storage().data_ptr(), t.data_ptr(), t.numel() * t.element_size()
+            size = spans.get(base)
+            if size is not None and base <= start and start + nbytes <= base + size:
                 aliased += nbytes
             else:
                 copied += nbytes

@@ -7,6 +7,7 @@ explicit options). `Interpretation` is one candidate meaning of the located tens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -52,7 +53,7 @@ class Interpretation:
     axes: tuple[Axis, ...]
     per_layer: bool
 
-    @property
+    @cached_property
     def axes_text(self) -> str:
         return format_axes(self.axes)
 
@@ -61,5 +62,5 @@ class Interpretation:
         return ("kv",) if self.kind == "mla" else ("k", "v")
 
     def __str__(self) -> str:
-        shape = f"per-layer [{format_axes(self.axes)}]" if self.per_layer else f"[{format_axes(self.axes)}]"
+        shape = f"per-layer [{self.axes_text}]" if self.per_layer else f"[{self.axes_text}]"
         return f"{self.kind.upper()} {shape}"

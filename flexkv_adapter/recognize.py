@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .axes import Axis, format_axes, parse_axes
+from .axes import Axis, parse_axes
 from .layout import Geometry, Interpretation, Plane, ViewKind
 
 SELF = "<pool>"
@@ -270,7 +270,7 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         first = container.tensors[0]
         for i, t in enumerate(container.tensors):
             if t.ndim != len(axes):
-                return f"{container.attr}[{i}] has {t.ndim} dims but [{format_axes(axes)}] has {len(axes)}"
+                return f"{container.attr}[{i}] has {t.ndim} dims but [{interp.axes_text}] has {len(axes)}"
         extent = dict(zip(axes, first.shape))
         layers = len(container.tensors) if interp.per_layer else extent[Axis.LAYER]
         head = extent.get(Axis.HEAD, 1)
