@@ -48,8 +48,13 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     from the pool's metadata (``layer_num``, ``head_num``, ``head_dim``, ``page_size``, ...) and
     from ``options`` (see :class:`AdaptOptions`). ``adapt`` of a view returns it unchanged.
 
+    Order of precedence: ``spec=``; explicit ``attrs=``/``axes=``; hybrid wrappers (unwrapped to
+    their attention sub-pool, other state exposed as ``view.side_groups``); recogniser plugins;
+    user-registered and built-in attribute names.
+
     Raises:
         UnsupportedPoolError: nothing in the pool reads as KV buffers (lists every reason).
+        HybridPoolError: a hybrid pool without ``hybrid="attention_only"`` (names what is left out).
         AmbiguousLayoutError: several readings fit; pass ``axes=``/``attrs=`` or geometry.
         NotAddressableError: the only view FlexKV could get would be misread (non-contiguous).
         InconsistentLayersError: layers or K/V disagree, or an option contradicts the pool.
