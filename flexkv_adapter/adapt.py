@@ -26,7 +26,7 @@ from .carve import (
     signature,
     trim_rows,
 )
-from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
+from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry
 from .plugins import plugin_spec
@@ -83,7 +83,12 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))
         view = _adapt_plain(structure.primary, page_size, given, label)
-        if structure.layer_ids is not None and len(structure.layer_ids) == len(view.layer_ids):
+        if structure.layer_ids is not None:
+            if len(structure.layer_ids) != len(view.layer_ids):
+                raise InconsistentLayersError(
+                    f"{type(pool).__name__}: its layer mapping names {len(structure.layer_ids)} attention layers "
+                    f"{list(structure.layer_ids)} but {structure.primary_attr} holds {len(view.layer_ids)}"
+                )
             view = view.rebuild(layer_ids=list(structure.layer_ids))
         groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
         return hybrid.apply_policy(view, pool, structure.family, groups, mode)

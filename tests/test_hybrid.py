@@ -109,3 +109,12 @@ def test_cross_rank_trim_keeps_side_groups():
     trimmed = view.with_num_blocks(2, "test")
     assert trimmed.side_groups == view.side_groups and trimmed.layer_ids == [1, 4]
     assert trimmed.k_buffer[0].shape[0] == 32
+
+
+def test_a_layer_mapping_that_disagrees_with_the_sub_pool_is_an_error():
+    pool = _swa_pool()
+    pool.layers_mapping[7] = (2, False)  # a third full layer the full pool does not hold
+    with pytest.raises(
+        InconsistentLayersError, match="names 3 attention layers \\[1, 4, 7\\] but full_kv_pool holds 2"
+    ):
+        adapt(pool, hybrid="attention_only")
