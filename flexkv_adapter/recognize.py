@@ -151,6 +151,7 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
     """Find KV tensor containers on ``pool``; return them and the reasons others declined."""
     found: list[Located] = []
     declined: list[str] = []
+    absent: list[str] = []
     if attrs:
         rules: Iterable[NameRule] = [NameRule("attrs", tuple(attrs), _MHA if len(attrs) == 2 else _BOTH)]
     elif isinstance(pool, torch.Tensor):
@@ -169,8 +170,12 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
     for rule in rules:
         values = [resolve_attr(pool, n) for n in rule.names]
         missing = [n for n, v in zip(rule.names, values) if v is None]
+        if len(missing) == len(rule.names):
+            absent.append("/".join(rule.names))
+            continue
         if missing:
-            declined.append(f"{rule.family}: no {'/'.join(missing)} (or it is None)")
+            present = [n for n in rule.names if n not in missing]
+            declined.append(f"{rule.family}: has {'/'.join(present)} but no {'/'.join(missing)} (or it is None)")
             continue
         made = [_container(n, v) for n, v in zip(rule.names, values)]
         problems = [m for m in made if isinstance(m, str)]
@@ -178,6 +183,8 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
             declined.append(f"{rule.family}: {'; '.join(problems)}")
             continue
         found.append(Located(rule.family, tuple(m for m in made if isinstance(m, Container)), rule.kinds))
+    if absent:
+        declined.append(f"none of these attributes is present (or they are None): {', '.join(absent)}")
     return found, declined
 
 

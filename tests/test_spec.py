@@ -95,7 +95,7 @@ def test_a_spec_that_does_not_match_names_what_disagreed():
     pool = SimpleNamespace(kv_cache=distinct((2, 2, 32, 4, 8)), page_size=16)
     with pytest.raises(UnsupportedPoolError, match="kv_cache: heads would be 4, expected 2"):
         adapt(pool, spec={"name": "x", "attrs": ["kv_cache"], "axes": "L KV N H D", "head_num": 2})
-    with pytest.raises(UnsupportedPoolError, match="no missing"):
+    with pytest.raises(UnsupportedPoolError, match="attributes is present .*: missing"):
         adapt(pool, spec={"name": "x", "attrs": ["missing"], "axes": "L KV N H D"})
     with pytest.raises(UnsupportedPoolError, match="has 5 dims but \\[L N D\\] has 3"):
         adapt(pool, spec={"name": "x", "attrs": ["kv_cache"], "axes": "L N D"})
