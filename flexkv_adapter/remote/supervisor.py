@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
@@ -95,8 +95,8 @@ class Supervisor:
                     self.tracker.set(State.READY, "transfer engine initialised")
                     last_seen = next_probe = now
                 elif now - phase_start > self.s.gpu_timeout_s:
-                    self.shutdown("gpu registration timeout", ExitCode.GPU_TIMEOUT)
-                    raise RemoteExit(
+                    self._give_up(
+                        "gpu registration timeout",
                         ExitCode.GPU_TIMEOUT,
                         f"timed out in waiting_for_gpus: local GPU ranks did not register with "
                         f"{self.s.server_recv_port}_gpu_register within {self.s.gpu_timeout_s:g}s; "
@@ -110,8 +110,8 @@ class Supervisor:
                 if not failed:
                     last_seen = now
                 elif now - last_seen > self.s.master_lost_s:
-                    self.shutdown("master lost", ExitCode.MASTER_LOST)
-                    raise RemoteExit(
+                    self._give_up(
+                        "master lost",
                         ExitCode.MASTER_LOST,
                         f"master {self.s.master_host} unreachable for {now - last_seen:.1f}s "
                         f"(> master_lost_s={self.s.master_lost_s:g}); exiting so the supervisor "
@@ -119,6 +119,11 @@ class Supervisor:
                     )
                 else:
                     logger.warning("master %s unreachable (%s)", self.s.master_host, next(iter(failed.values())))
+
+    def _give_up(self, reason: str, code: ExitCode, message: str) -> NoReturn:
+        """Shut the running manager down (within grace_s), then end with ``code``."""
+        self.shutdown(reason, code)
+        raise RemoteExit(code, message)
 
     def shutdown(self, reason: str, exit_code: ExitCode = ExitCode.OK, signals_seen: int | None = None) -> ExitCode:
         """Shut the manager down within ``grace_s``; another signal or the deadline forces exit.

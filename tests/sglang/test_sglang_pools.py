@@ -12,6 +12,17 @@ from flexkv_adapter.hybrid import HybridPoolError
 from ..helpers import flexkv_worker_read, region_bytes
 
 KW = {"device": "cpu", "enable_memory_saver": False}
+DSA_ARGS = dict(
+    size=128,
+    page_size=64,
+    kv_lora_rank=24,
+    dtype=torch.bfloat16,
+    qk_rope_head_dim=8,
+    layer_num=2,
+    index_head_dim=128,
+    kv_cache_dim=32,
+    **KW,
+)
 
 
 def mp():
@@ -96,17 +107,7 @@ def test_mla_token_to_kv_pool():
 
 
 def test_dsa_token_to_kv_pool_passes_the_indexer_through():
-    pool = mp().DSATokenToKVPool(
-        size=128,
-        page_size=64,
-        kv_lora_rank=24,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=8,
-        layer_num=2,
-        index_head_dim=128,
-        kv_cache_dim=32,
-        **KW,
-    )
+    pool = mp().DSATokenToKVPool(**DSA_ARGS)
     view = adapt(pool)
     assert isinstance(view, MLAView) and view.num_blocks == 3
     indexer = pool.index_k_with_scale_buffer
@@ -252,17 +253,7 @@ def test_head_major_pool_is_refused(monkeypatch):
 def test_hisparse_pools_are_refused():
     from sglang.srt.mem_cache.hisparse_memory_pool import HiSparseDSATokenToKVPool
 
-    pool = HiSparseDSATokenToKVPool(
-        size=128,
-        page_size=64,
-        kv_lora_rank=24,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=8,
-        layer_num=2,
-        index_head_dim=128,
-        kv_cache_dim=32,
-        **KW,
-    )
+    pool = HiSparseDSATokenToKVPool(**DSA_ARGS)
     with pytest.raises(UnsupportedPoolError, match="HiSparse pool"):
         adapt(pool)
 
