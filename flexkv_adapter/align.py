@@ -28,7 +28,7 @@ def fingerprint(view: PoolView) -> dict[str, Any]:
     """The layout facts every rank of a TP group must share."""
     first = view.tensors()[0]
     return {
-        "kind": "mha" if isinstance(view, MHAView) else "mla",
+        "kind": view.kind,
         "layers": len(view.layer_ids),
         "heads": first.shape[1],
         "head_dim": first.shape[2],

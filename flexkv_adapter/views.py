@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .layout import ViewKind
 from .report import Report
 
 
@@ -21,6 +22,7 @@ class PoolView:
     """Zero-copy, block-aligned, FlexKV-ready view of a KV pool."""
 
     _hidden: ClassVar[frozenset[str]] = frozenset()
+    kind: ClassVar[ViewKind]
 
     def __init__(
         self,
@@ -101,6 +103,7 @@ class MHAView(PoolView):
     """MHA view: ``k_buffer[i]`` is ``[rows, heads, head_dim]``, ``v_buffer[i]`` ``[rows, heads, v_head_dim]``."""
 
     _hidden = frozenset({"kv_buffer"})
+    kind = "mha"
 
     def __init__(self, k_buffer: list[torch.Tensor], v_buffer: list[torch.Tensor], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -119,6 +122,7 @@ class MLAView(PoolView):
     """MLA view: ``kv_buffer[i]`` is ``[rows, 1, kv_dim]`` holding K and V together."""
 
     _hidden = frozenset({"k_buffer", "v_buffer"})
+    kind = "mla"
 
     def __init__(self, kv_buffer: list[torch.Tensor], **kwargs: Any) -> None:
         super().__init__(**kwargs)

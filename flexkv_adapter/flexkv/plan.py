@@ -28,9 +28,8 @@ import torch
 from typing_extensions import Unpack
 
 from ..adapt import _layer_ids, adapt, recognise
-from ..axes import Axis, format_axes, parse_axes
+from ..axes import format_axes, parse_axes
 from ..errors import NotAddressableError, PlanError, describe
-from ..layout import ViewKind
 from ..options import AdaptOptions, resolve_geometry
 from ..views import MHAView, PoolView
 
@@ -145,10 +144,6 @@ class FlexKVPlan:
         return f"FlexKV {self.mode.value} mode, {len(self.tensors)} tensors, KVCacheLayout({fields})"
 
 
-def _view_kind(view: PoolView) -> ViewKind:
-    return "mha" if isinstance(view, MHAView) else "mla"
-
-
 def _num_kv_heads(kind: str, per_rank: int, tp_size: int, total: int | None, replicated: bool) -> int:
     """FlexKV's ``num_kv_heads``: the model's total KV heads; 1 only for MLA (shared across ranks)."""
     if tp_size < 1:
@@ -251,8 +246,6 @@ def plan(
         tensors = located.containers[0].tensors
         planes = list(logical.values())
         first = planes[0][0]  # [B, T, H, D]
-        if Axis.PAGE in interp.axes and geometry.page_size not in (None, first.shape[1]):
-            raise PlanError(f"page_size={geometry.page_size} but the tensors' block size is {first.shape[1]}")
         kind, layer_ids = interp.kind, tuple(_layer_ids(source, located, len(planes[0]), geometry))
         chunks = dict(enumerate(planes))
         name = f"{type(source).__name__}.{'/'.join(located.attrs)} [{format_axes(interp.axes)}]"
@@ -261,7 +254,7 @@ def plan(
         layout_type = LayoutType.LAYERFIRST
         mode = AddressingMode.SGLANG if isinstance(view, MHAView) else AddressingMode.VLLM
         tensors = tuple(view.tensors())
-        kind, layer_ids = _view_kind(view), tuple(view.layer_ids)
+        kind, layer_ids = view.kind, tuple(view.layer_ids)
         if isinstance(view, MHAView):
             k0, v0 = view.k_buffer[0], view.v_buffer[0]
             if k0.shape[2] != v0.shape[2]:
