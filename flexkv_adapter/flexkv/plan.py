@@ -32,6 +32,7 @@ from ..axes import format_axes, parse_axes
 from ..errors import NotAddressableError, PlanError, describe
 from ..options import AdaptOptions, resolve_geometry
 from ..views import MHAView, PoolView
+from ._import import import_flexkv
 
 _ALIGN = 8
 
@@ -132,8 +133,6 @@ class FlexKVPlan:
 
     def to_flexkv(self) -> Any:
         """Build ``flexkv.common.storage.KVCacheLayout`` (needs FlexKV)."""
-        from .register import import_flexkv
-
         storage = import_flexkv("flexkv.common.storage")
         fields = self.layout_fields()
         fields["type"] = storage.KVCacheLayoutType[self.type.value]

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
-from types import ModuleType
 from typing import Any, Protocol
 
-from ..errors import FLEXKV_INSTALL_HINT, AdapterError, FlexKVUnavailableError
+from ..errors import AdapterError
 from .plan import FlexKVPlan, plan
 
 logger = logging.getLogger(__name__)
-
-
-def import_flexkv(module: str) -> ModuleType:
-    """Import a FlexKV module, or raise :class:`FlexKVUnavailableError` with the install hint."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise FlexKVUnavailableError(f"cannot import {module} ({exc}). {FLEXKV_INSTALL_HINT}") from exc
-    except OSError as exc:  # flexkv.common.memory_handle loads libcudart at import time
-        raise FlexKVUnavailableError(f"{module} failed to load a native library ({exc}); it needs CUDA") from exc
 
 
 class RegistersToServer(Protocol):
