@@ -5,7 +5,16 @@ without FlexKV; building FlexKV's own ``KVCacheLayout`` or registering needs it.
 """
 
 from ._import import import_flexkv
+from .model import check_against_model_config
 from .plan import AddressingMode, FlexKVPlan, LayoutType, plan
 from .register import register
 
-__all__ = ["AddressingMode", "FlexKVPlan", "LayoutType", "import_flexkv", "plan", "register"]
+__all__ = [
+    "AddressingMode",
+    "FlexKVPlan",
+    "LayoutType",
+    "check_against_model_config",
+    "import_flexkv",
+    "plan",
+    "register",
+]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import AmbiguousLayoutError, PlanError
 from ..views import PoolView
+
+if TYPE_CHECKING:
+    from .plan import FlexKVPlan
 
 _MISSING = object()
 
@@ -79,9 +82,11 @@ def model_facts(model_config: object) -> ModelFacts:
             f"(RankInfo.num_layers_per_pp_stage); pass a mapping that adds num_layers_per_pp_stage"
         )
     use_mla, kv_dim = _field(model_config, "use_mla"), _field(model_config, "kv_dim")
-    if use_mla is not _MISSING and not isinstance(use_mla, bool):
-        raise PlanError(f"model_config.use_mla must be a bool, got {use_mla!r}")
-    mla = use_mla if use_mla is not _MISSING else (None if kv_dim is _MISSING else kv_dim == 1)
+    mla: bool | None = None if kv_dim is _MISSING else kv_dim == 1
+    if use_mla is not _MISSING:
+        if not isinstance(use_mla, bool):
+            raise PlanError(f"model_config.use_mla must be a bool, got {use_mla!r}")
+        mla = use_mla
     return ModelFacts(
         num_layers=layers,
         num_kv_heads=positive_int(values["num_kv_heads"], "model_config.num_kv_heads"),
@@ -126,7 +131,8 @@ def registered_kv_heads(
         )
     else:
         raise PlanError(
-            f"the model's {total} KV heads do not match {per_rank} head(s) per rank x tp_size={tp_size} = {split}; "
+            f"{'model_config.num_kv_heads' if model else 'total_kv_heads'}={total} does not match {per_rank} "
+            f"head(s) per rank x tp_size={tp_size} = {split}; "
             f"{'it is not divisible by tp_size' if total % tp_size else 'check tp_size'}"
         )
     if model is not None and wanted != model.num_kv_heads:
@@ -162,23 +168,33 @@ def check_layout(layout: LayoutFacts, model: ModelFacts, tp_size: int) -> None:
         )
 
 
-def view_facts(view: PoolView) -> LayoutFacts:
-    """The layout facts of an adapted view (one rank's tensors)."""
-    first = view.tensors()[0]  # [rows, heads, dim]
-    return LayoutFacts(view.kind, len(view.layer_ids), first.shape[1], first.shape[2], first.dtype)
+def layout_facts(source: PoolView | FlexKVPlan) -> LayoutFacts:
+    """The layout facts of an adapted view or a plan (one rank's tensors)."""
+    if isinstance(source, PoolView):
+        first = source.tensors()[0]  # [rows, heads, dim]
+        return LayoutFacts(source.kind, len(source.layer_ids), first.shape[1], first.shape[2], first.dtype)
+    kind = "mla" if source.kv_dim == 1 else "mha"
+    return LayoutFacts(kind, source.num_layer, source.num_head, source.head_size, source.dtype)
 
 
-def check_against_model_config(view: PoolView, model_config: object, tp_size: int | None = None) -> int:
-    """Refuse a view FlexKV would misread under ``model_config``; return the ``num_kv_heads`` to register.
+def check_against_model_config(source: PoolView | FlexKVPlan, model_config: object, tp_size: int | None = None) -> int:
+    """Refuse a view (or plan) FlexKV would misread under ``model_config``; return its ``num_kv_heads``.
 
-    For engine hooks that hand a view to FlexKV's own connector: checks layer count (per pipeline
-    stage), MLA-ness, head size, element size and the head-count rule of :func:`registered_kv_heads`.
+    For engine hooks that hand a view to FlexKV's own connector, and for :func:`register` of a
+    ready plan: checks the layer count (per pipeline stage), MLA-ness, head size, element size
+    and the head-count rule of :func:`registered_kv_heads` (a plan must already carry that value).
     """
     model = model_facts(model_config)
     tp = model.tp_size if tp_size is None else positive_int(tp_size, "tp_size")
-    layout = view_facts(view)
+    layout = layout_facts(source)
     check_layout(layout, model, tp)
-    return registered_kv_heads(layout, tp, model=model)
+    heads = registered_kv_heads(layout, tp, model=model)
+    if not isinstance(source, PoolView) and source.num_kv_heads != heads:
+        raise PlanError(
+            f"the plan registers num_kv_heads={source.num_kv_heads} but model_config needs {heads}; "
+            f"re-plan with plan(..., model_config=)"
+        )
+    return heads
 
 
 __all__ = [
@@ -189,5 +205,5 @@ __all__ = [
     "model_facts",
     "positive_int",
     "registered_kv_heads",
-    "view_facts",
+    "layout_facts",
 ]
