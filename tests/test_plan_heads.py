@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flexkv_adapter import AmbiguousLayoutError, NotAddressableError, PlanError, adapt
-from flexkv_adapter.flexkv import check_against_model_config, plan
+from flexkv_adapter.flexkv import check_against_model_config, check_for_flexkv_connector, plan
 
 from .helpers import SGLangLikeMHAPool, SGLangLikeMLAPool, flexkv_tp_roundtrip, flexkv_worker_read
 
@@ -189,3 +189,14 @@ def test_check_against_model_config_for_engine_hooks():
         check_against_model_config(p, _model(tp=4, heads=1))
     real_looking = SimpleNamespace(**_model(tp=4, heads=4), kv_dim=2, pp_size=1)  # FlexKV's ModelConfig fields
     assert check_against_model_config(view, real_looking) == 4
+
+
+def test_views_flexkvs_own_connector_would_register_wrongly_are_refused_for_it():
+    one_per_rank = adapt(_ranks(tp=1, heads=1)[0])
+    with pytest.raises(PlanError, match="connector registers num_kv_heads=1"):
+        check_for_flexkv_connector(one_per_rank, _model(tp=4, heads=4))
+    check_for_flexkv_connector(one_per_rank, _model(tp=4, heads=1))  # MQA: 1 is right
+    check_for_flexkv_connector(adapt(_ranks(tp=1, heads=2)[0]), _model(tp=2, heads=4))
+    # The connector's value against the reference model: per-rank 1 corrupts, per-rank 2 is read as split.
+    pools = _ranks(tp=2, heads=2)
+    assert _restores(_with_heads([plan(adapt(p), tp_size=2) for p in pools], 2), 4)

@@ -5,7 +5,7 @@ without FlexKV; building FlexKV's own ``KVCacheLayout`` or registering needs it.
 """
 
 from ._import import import_flexkv
-from .model import check_against_model_config
+from .model import check_against_model_config, check_for_flexkv_connector
 from .plan import AddressingMode, FlexKVPlan, LayoutType, plan
 from .register import register
 
@@ -14,6 +14,7 @@ __all__ = [
     "FlexKVPlan",
     "LayoutType",
     "check_against_model_config",
+    "check_for_flexkv_connector",
     "import_flexkv",
     "plan",
     "register",

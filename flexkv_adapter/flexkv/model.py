@@ -197,10 +197,28 @@ def check_against_model_config(source: PoolView | FlexKVPlan, model_config: obje
     return heads
 
 
+def check_for_flexkv_connector(view: PoolView, model_config: object, tp_size: int | None = None) -> None:
+    """Refuse a view that FlexKV's own SGLang connector would register wrongly as its kvcache object.
+
+    That connector registers ``num_kv_heads`` = the per-rank head count of the tensors
+    (``integration/sglang/connector.py``), so one KV head per rank of a model whose heads are split
+    across ranks reads as "shared" and corrupts KV; register such a pool with :func:`register`.
+    """
+    heads = check_against_model_config(view, model_config, tp_size)
+    per_rank = layout_facts(view).heads_per_rank
+    if per_rank == 1 and heads > 1:
+        raise PlanError(
+            f"{view!r} holds one KV head per rank of a model with {heads} (split across ranks). FlexKV's SGLang "
+            f"connector registers num_kv_heads=1 for it, which FlexKV reads as KV shared by every rank and "
+            f"corrupts. Register it with flexkv_adapter.flexkv.register(view, client, model_config=...) instead"
+        )
+
+
 __all__ = [
     "LayoutFacts",
     "ModelFacts",
     "check_against_model_config",
+    "check_for_flexkv_connector",
     "check_layout",
     "model_facts",
     "positive_int",
