@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexkv_adapter import AmbiguousLayoutError, NotAddressableError, PlanError, adapt
 from flexkv_adapter.flexkv import check_against_model_config, check_for_flexkv_connector, plan
@@ -200,3 +202,29 @@ def test_views_flexkvs_own_connector_would_register_wrongly_are_refused_for_it()
     # The connector's value against the reference model: per-rank 1 corrupts, per-rank 2 is read as split.
     pools = _ranks(tp=2, heads=2)
     assert _restores(_with_heads([plan(adapt(p), tp_size=2) for p in pools], 2), 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tp=st.integers(1, 4),
+    per_rank=st.integers(1, 3),
+    model=st.sampled_from(["split", "mqa", "replicated"]),
+    config=st.sampled_from(["total", "per_rank_x_tp", "wrong"]),
+    cpu_layout=st.sampled_from(["BLOCKFIRST", "LAYERFIRST"]),
+)
+def test_whatever_plan_accepts_restores_every_rank(tp, per_rank, model, config, cpu_layout):
+    if model != "split":
+        per_rank = 1
+    total = {"split": per_rank * tp, "mqa": 1, "replicated": max(1, tp // 2)}[model]
+    owner = {"split": lambda r: r, "mqa": lambda r: 0, "replicated": lambda r: r * total // tp}[model]
+    heads = {"total": total, "per_rank_x_tp": per_rank * tp, "wrong": total + 1}[config]
+    pools = _ranks(tp=tp, heads=per_rank, owner=owner)
+    try:
+        plans = [plan(adapt(p), model_config=_model(tp=tp, heads=heads)) for p in pools]
+    except NotAddressableError as exc:  # shared KV whose 1/tp shards are not whole 8-byte words
+        assert "truncated silently" in str(exc) and (PS * per_rank * D * 2) % (8 * tp)
+        return
+    except PlanError:
+        assert config != "per_rank_x_tp"  # the replicas counted: always registrable
+        return
+    assert _restores(plans, heads, cpu_layout=cpu_layout)
