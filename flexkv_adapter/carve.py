@@ -19,13 +19,12 @@ from itertools import pairwise
 import torch
 
 from .axes import Axis, format_axes
+from .copy_rules import ALIGNMENT_FIX, alignment_problem
 from .errors import InconsistentLayersError, NotAddressableError, describe
 from .layout import Interpretation, Plane
 from .recognize import Located, plane_sources
 
 Planes = dict[Plane, list[torch.Tensor]]
-
-_FLEXKV_ALIGN = 8  # FlexKV's copy kernels address memory in int64 words (gtensor_handler.cuh)
 
 
 def _canonical_order(axes: Sequence[Axis]) -> list[Axis]:
@@ -159,17 +158,15 @@ def check_consistent(planes: Planes, pool: object, attrs: Sequence[str]) -> None
 
 
 def check_flexkv_alignment(planes: Planes, page_size: int, pool: object, attrs: Sequence[str]) -> None:
-    """FlexKV copies in 8-byte words: block bytes and base pointers must be multiples of 8."""
+    """Block bytes and base addresses FlexKV's copy kernels can use (:mod:`.copy_rules`)."""
     for plane, views in planes.items():
         for layer, t in enumerate(views):
             block_bytes = page_size * t.shape[1] * t.shape[2] * t.element_size()
-            if block_bytes % _FLEXKV_ALIGN or t.data_ptr() % _FLEXKV_ALIGN:
+            problem = alignment_problem(block_bytes, t.data_ptr())
+            if problem:
                 raise NotAddressableError(
                     f"{type(pool).__name__}.{'/'.join(attrs)}: layer {layer} {plane.upper()} has "
-                    f"{describe(t)}, block_bytes={block_bytes} and data_ptr % 8 = {t.data_ptr() % 8}. "
-                    f"FlexKV's copy kernels work in 8-byte words, so block bytes and base addresses "
-                    f"must be multiples of 8. Fix: use a page size that makes page_size*heads*dim*"
-                    f"itemsize a multiple of 8, and an 8-byte aligned offset."
+                    f"{describe(t)}: {problem}. {ALIGNMENT_FIX}"
                 )
 
 

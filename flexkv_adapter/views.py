@@ -4,7 +4,9 @@ FlexKV decides the pool kind with ``hasattr(kvcache, "kv_buffer")`` then
 ``hasattr(kvcache, "k_buffer")``. An :class:`MHAView` therefore never exposes ``kv_buffer`` and an
 :class:`MLAView` never exposes ``k_buffer``/``v_buffer``, even if the source pool has them. Every
 other attribute or method is forwarded to the source pool, so connector code that calls pool
-methods (``get_key_buffer``, ``index_k_with_scale_buffer``, ...) keeps working.
+methods (``get_key_buffer``, ``index_k_with_scale_buffer``, ...) keeps working, except the
+attributes of :data:`HYBRID_ATTRIBUTES`: each of them switches FlexKV's connector (or adapt()
+itself) onto a hybrid path that the view's buffers do not describe.
 """
 
 from __future__ import annotations
@@ -17,11 +19,40 @@ import torch
 from .layout import ViewKind
 from .report import Report
 
+# Never forwarded from the source pool (flexkv_consumers.md §4): FlexKV's SGLang connector turns on
+# SWA lookups for ``swa_kv_pool``/``translate_loc_from_full_to_swa`` and its DeepSeek-V4 path (which
+# ignores ``kv_buffer``) for ``c4_kv_pool`` and its companions; the rest is what adapt() recognises
+# as a hybrid wrapper (hybrid.detect, and the markers its errors name).
+HYBRID_ATTRIBUTES = frozenset(
+    {
+        "swa_kv_pool",
+        "translate_loc_from_full_to_swa",
+        "full_to_swa_index_mapping",
+        "c4_kv_pool",
+        "c128_kv_pool",
+        "c4_indexer_kv_pool",
+        "compress_state_pools",
+        "indexer_compress_state_pools",
+        "compression_ratios",
+        "_unified_kv",
+        "full_kv_pool",
+        "layers_mapping",
+        "full_attention_layer_id_mapping",
+        "mamba_pool",
+        "main_pool",
+        "unified_kv_pool",
+        "index_kv_pool",
+        "index_k_pool",
+        "index_kv_layer_id_mapping",
+        "index_k_layer_id_mapping",
+    }
+)
+
 
 class PoolView:
     """Zero-copy, block-aligned, FlexKV-ready view of a KV pool."""
 
-    _hidden: ClassVar[frozenset[str]] = frozenset()
+    _hidden: ClassVar[frozenset[str]] = HYBRID_ATTRIBUTES
     kind: ClassVar[ViewKind]
 
     def __init__(
@@ -102,7 +133,7 @@ class PoolView:
 class MHAView(PoolView):
     """MHA view: ``k_buffer[i]`` is ``[rows, heads, head_dim]``, ``v_buffer[i]`` ``[rows, heads, v_head_dim]``."""
 
-    _hidden = frozenset({"kv_buffer"})
+    _hidden = HYBRID_ATTRIBUTES | {"kv_buffer"}
     kind = "mha"
 
     def __init__(self, k_buffer: list[torch.Tensor], v_buffer: list[torch.Tensor], **kwargs: Any) -> None:
@@ -121,7 +152,7 @@ class MHAView(PoolView):
 class MLAView(PoolView):
     """MLA view: ``kv_buffer[i]`` is ``[rows, 1, kv_dim]`` holding K and V together."""
 
-    _hidden = frozenset({"k_buffer", "v_buffer"})
+    _hidden = HYBRID_ATTRIBUTES | {"k_buffer", "v_buffer"}
     kind = "mla"
 
     def __init__(self, kv_buffer: list[torch.Tensor], **kwargs: Any) -> None:

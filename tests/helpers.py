@@ -129,16 +129,10 @@ def _prod(xs: tuple[int, ...] | list[int]) -> int:
     return out
 
 
-def flexkv_worker_read(fields: dict, tensors: list[torch.Tensor], layer: int, kv: int, block: int) -> bytes:
-    """Bytes FlexKV's worker reads for (layer, kv, block), written from the contract (§1.1, §1.3, §1.4).
-
-    Strides come from ``kv_shape`` in elements times the element size, except for 5-D kv_dim=2
-    per-layer tensors, whose kv and block strides are read from the tensor; the mode comes from
-    the number of tensors.
-    """
+def _layout_strides(fields: dict, item: int, num_head: int | None = None) -> tuple[int, int, int, int]:
+    """(layer, block, kv, chunk) strides in bytes of a KVCacheLayout (storage.py kv_shape rules)."""
     lay, blk, kvd = fields["num_layer"], fields["num_block"], fields["kv_dim"]
-    tail = [fields["tokens_per_block"], fields["num_head"], fields["head_size"]]
-    item = tensors[0].element_size()
+    tail = [fields["tokens_per_block"], fields["num_head"] if num_head is None else num_head, fields["head_size"]]
     if fields["type"] == "LAYERFIRST":
         shape = [lay, kvd, blk, *tail]
         layer_s, block_s, kv_s = _prod(shape[1:]), _prod(shape[3:]), _prod(shape[2:])
@@ -148,15 +142,41 @@ def flexkv_worker_read(fields: dict, tensors: list[torch.Tensor], layer: int, kv
     else:  # LAYERBLOCK
         shape = [lay, blk, kvd, *tail]
         layer_s, block_s, kv_s = _prod(shape[1:]), _prod(shape[2:]), _prod(shape[3:])
-    layer_s, block_s, kv_s = layer_s * item, block_s * item, kv_s * item
-    chunk = _prod(tail) * item
+    return layer_s * item, block_s * item, kv_s * item, _prod(tail) * item
+
+
+def _probe(t: torch.Tensor, tokens_per_block: int, item: int) -> tuple[int, int] | None:
+    """worker.py _get_gpu_strides_from_tensor: K/V = first leading axis of size 2 (5-D, kv_dim 2)."""
+    sizes = list(t.shape[:3])
+    kv = next((i for i in range(3) if sizes[i] == 2), None)
+    tok = next((i for i in range(3) if i != kv and sizes[i] == tokens_per_block), None)
+    blk = next((i for i in range(3) if i not in (kv, tok)), None)
+    if kv is None or blk is None:
+        return None
+    return t.stride(kv) * item, t.stride(blk) * item
+
+
+def flexkv_worker_read(
+    fields: dict, tensors: list[torch.Tensor], layer: int, kv: int, block: int, worker: str = "tp"
+) -> bytes:
+    """Bytes FlexKV's worker reads for (layer, kv, block), written from the contract (§1.1, §1.3, §1.4).
+
+    Strides come from ``kv_shape`` in elements times the element size. The tp worker (``worker="tp"``)
+    instead probes 5-D kv_dim=2 tensors when it gets more than one (consumers §3: first leading
+    axis of size 2 = K/V); the layerwise and NIXL workers (``worker="layerwise"``) never do. The
+    mode comes from the number of tensors. The kernel copies whole 8-byte words.
+    """
+    lay, kvd = fields["num_layer"], fields["kv_dim"]
+    item = tensors[0].element_size()
+    layer_s, block_s, kv_s, chunk = _layout_strides(fields, item)
+    chunk -= chunk % 8
     if len(tensors) == 1:  # TRTLLM
         t, addr = tensors[0], tensors[0].data_ptr() + block * block_s + layer * layer_s + kv * kv_s
     elif len(tensors) == lay:  # VLLM
         t = tensors[layer]
-        if kvd == 2 and t.ndim == 5:
-            kv_axis, block_axis = (0, 1) if fields["type"] == "LAYERFIRST" else (1, 0)
-            kv_s, block_s = t.stride(kv_axis) * item, t.stride(block_axis) * item
+        probed = _probe(t, fields["tokens_per_block"], item) if kvd == 2 and t.ndim == 5 else None
+        if worker == "tp" and len(tensors) > 1 and probed is not None:
+            kv_s, block_s = probed
         addr = t.data_ptr() + kv * kv_s + block * block_s
     elif len(tensors) == 2 * lay:  # SGLANG
         t = tensors[kv * lay + layer]
@@ -167,3 +187,64 @@ def flexkv_worker_read(fields: dict, tensors: list[torch.Tensor], layer: int, kv
     start = addr - t.untyped_storage().data_ptr()
     assert start >= 0 and start + chunk <= storage.numel(), "FlexKV would read outside the allocation"
     return bytes(storage[start : start + chunk].tolist())
+
+
+def flexkv_tp_roundtrip(
+    ranks: list[tuple[dict, list[torch.Tensor]]],
+    model_num_kv_heads: int,
+    cpu_layout: str = "BLOCKFIRST",
+    mode: str = "sharded",
+) -> list[dict[tuple[int, int, int], bytes]]:
+    """Offload every (layer, kv, block) of a TP group to FlexKV's CPU cache and restore it (consumers §1).
+
+    ``ranks``: each rank's registered (layout fields, tensors). The CPU layout is built from the
+    ModelConfig's ``num_kv_heads`` (storage_engine.py), never from the GPU layout. The GPU layout's
+    ``num_kv_heads`` switches the tp worker (worker.py, tp_transfer_thread_group.cpp): >1 splits
+    the CPU block (BLOCKFIRST: ``div_head(tp)``, which asserts) and puts rank i at
+    ``i * cpu_block_stride // tp``; 1 means shared, and in ``sharded`` D2H rank i copies only slice
+    i (``chunk // tp`` bytes at ``i * chunk // tp``) of its chunk; H2D always restores whole chunks.
+    Offsets and sizes are truncated to 8-byte words. Returns what each rank holds after restore.
+    """
+    assert mode in ("sharded", "rank0_only"), "other FLEXKV_KV_SHARED_ACROSS_RANKS_MODE values are not modelled"
+    fields = ranks[0][0]
+    tp, shared = len(ranks), fields["num_kv_heads"] == 1
+    item = ranks[0][1][0].element_size()
+    cpu = dict(fields, type=cpu_layout, num_head=model_num_kv_heads)
+    _, cpu_block_s, _, cpu_chunk = _layout_strides(cpu, item)
+    heads = model_num_kv_heads
+    if cpu_layout == "BLOCKFIRST" and not shared:
+        assert heads % tp == 0, f"div_head({tp}) asserts: CPU num_head {heads} % {tp} != 0"
+        heads //= tp
+    cpu_layer_s, _, cpu_kv_s, _ = _layout_strides(cpu, item, heads)
+    memory = bytearray(fields["num_layer"] * fields["kv_dim"] * fields["num_block"] * cpu_chunk)
+    keys = [
+        (lay, k, b)
+        for lay in range(fields["num_layer"])
+        for k in range(fields["kv_dim"])
+        for b in range(fields["num_block"])
+    ]
+
+    def cpu_addr(lay: int, k: int, b: int) -> int:
+        return b * cpu_block_s + lay * cpu_layer_s + k * cpu_kv_s
+
+    originals = [{key: flexkv_worker_read(f, ts, *key) for key in keys} for f, ts in ranks]
+    for i, chunks in enumerate(originals):  # D2H
+        for key, gpu in chunks.items():
+            gpu_off, cpu_off, size = 0, i * (cpu_block_s // tp), len(gpu)
+            if shared:
+                if mode == "sharded" and tp > 1:
+                    gpu_off = cpu_off = i * (len(gpu) // tp)
+                    size = len(gpu) // tp
+                elif mode == "rank0_only" and i > 0:
+                    continue
+                else:
+                    cpu_off = 0
+            gpu_off, cpu_off, size = gpu_off // 8 * 8, cpu_off // 8 * 8, size // 8 * 8
+            start = cpu_addr(*key) + cpu_off
+            assert start + size <= len(memory), "FlexKV would write outside its CPU cache"
+            memory[start : start + size] = gpu[gpu_off : gpu_off + size]
+    restored = []
+    for i, chunks in enumerate(originals):  # H2D
+        offset = 0 if shared else i * (cpu_block_s // tp)
+        restored.append({key: bytes(memory[cpu_addr(*key) + offset :][: len(gpu)]) for key, gpu in chunks.items()})
+    return restored

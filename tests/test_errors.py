@@ -138,13 +138,13 @@ def test_page_size_unknown():
 
 def test_block_bytes_not_a_multiple_of_eight_is_refused():
     pool = SimpleNamespace(kv_cache=[torch.zeros(32, 1, 3, dtype=torch.bfloat16)], page_size=1)
-    with pytest.raises(NotAddressableError, match="block_bytes=6"):
+    with pytest.raises(NotAddressableError, match="block bytes 6 are not a multiple of 8"):
         adapt(pool)
 
 
 def test_misaligned_base_pointer_is_refused():
     buf = torch.zeros(4 * 32 * 8 * 2 + 2, dtype=torch.uint8)
-    with pytest.raises(NotAddressableError, match="data_ptr % 8 = 2"):
+    with pytest.raises(NotAddressableError, match="not 16-byte aligned \\(address % 16 = 2\\)"):
         adapt(buf, page_size=16, shape=(2, 2, 32, 1, 8), dtype=torch.bfloat16, axes="L KV N H D", offset=2)
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flexkv_adapter import NotAddressableError, adapt
+from flexkv_adapter import InconsistentLayersError, NotAddressableError, adapt
 from flexkv_adapter.errors import FlexKVUnavailableError, PlanError
 from flexkv_adapter.flexkv import AddressingMode, LayoutType, plan
 
@@ -94,35 +94,10 @@ def test_plan_of_an_mha_view_registers_all_k_then_all_v():
     assert p.kv_shape == (L, 2, 4, PS, H, D) and p.chunk_bytes == PS * H * D * 2
 
 
-def test_one_kv_head_per_rank_under_tp_is_not_mistaken_for_mla():
-    pool = SGLangLikeMHAPool(size=48, page_size=PS, dtype=torch.bfloat16, head_num=1, head_dim=D, layer_num=L)
-    p = plan(adapt(pool), tp_size=8)
-    assert (p.num_head, p.num_kv_heads, p.kv_dim) == (1, 8, 2)
-    assert plan(adapt(pool), tp_size=8, total_kv_heads=8).num_kv_heads == 8
-
-
 def test_mla_is_shared_across_ranks():
     pool, _, _ = _sglang_mla()
     p = plan(adapt(pool), tp_size=8)
     assert (p.num_head, p.num_kv_heads, p.kv_dim) == (1, 1, 1)
-
-
-def test_inconsistent_head_settings_are_refused():
-    pool, _, _ = _sglang_mha()  # 2 heads per rank
-    view = adapt(pool)
-    with pytest.raises(PlanError, match="does not match 2 head\\(s\\) per rank x tp_size=4 = 8"):
-        plan(view, tp_size=4, total_kv_heads=6)
-    with pytest.raises(PlanError, match="not divisible by tp_size"):
-        plan(view, tp_size=4, total_kv_heads=9)
-    one = adapt(SGLangLikeMHAPool(48, PS, torch.bfloat16, head_num=1, head_dim=D, layer_num=L))
-    with pytest.raises(PlanError, match="replicated_kv_heads=True"):
-        plan(one, tp_size=8, total_kv_heads=2)
-    p = plan(one, tp_size=8, total_kv_heads=2, replicated_kv_heads=True)
-    assert p.num_kv_heads == 8
-    with pytest.raises(PlanError, match="multiple of total_kv_heads"):
-        plan(one, tp_size=8, total_kv_heads=3, replicated_kv_heads=True)
-    with pytest.raises(PlanError, match="tp_size must be"):
-        plan(view, tp_size=0)
 
 
 def test_v_head_dim_different_from_head_dim_is_refused():
@@ -176,3 +151,72 @@ def test_split_paged_lists_are_registered_as_flat_views():
     p = plan(SimpleNamespace(k_cache=ks, v_cache=vs), head_num=H)
     assert p.mode is AddressingMode.SGLANG and p.num_block == NB
     assert flexkv_worker_read(p.layout_fields(), list(p.tensors), 2, 1, 3) == region_bytes(vs[2][3])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tp_size": "2"}, "tp_size must be a positive integer, got '2'"),
+        ({"tp_size": 2.5}, "tp_size must be a positive integer, got 2.5"),
+        ({"tp_size": True}, "tp_size must be a positive integer, got True"),
+        ({"tp_size": 0}, "tp_size must be a positive integer, got 0"),
+        ({"total_kv_heads": 2.0}, "total_kv_heads must be a positive integer"),
+        ({"model_dtype": "bfloat16"}, "model_dtype must be a torch.dtype"),
+        ({"model_config": {"num_layers": 3}}, "lacks \\['num_kv_heads', 'head_size', 'dtype', 'tp_size'\\]"),
+        (
+            {"model_config": {"num_layers": 3, "num_kv_heads": 2, "head_size": 8, "dtype": "bf16", "tp_size": 1}},
+            "model_config dtype must be a torch.dtype",
+        ),
+        (
+            {
+                "model_config": {
+                    "num_layers": True,
+                    "num_kv_heads": 2,
+                    "head_size": 8,
+                    "dtype": torch.int32,
+                    "tp_size": 1,
+                }
+            },
+            "model_config.num_layers must be a positive integer",
+        ),
+        (
+            {
+                "tp_size": 2,
+                "model_config": {
+                    "num_layers": 3,
+                    "num_kv_heads": 2,
+                    "head_size": 8,
+                    "dtype": torch.int32,
+                    "tp_size": 1,
+                },
+            },
+            "tp_size=2 contradicts model_config.tp_size=1",
+        ),
+        ({"total_kv_heads": 6, "tp_size": 4}, "total_kv_heads=6 does not match 2 head\\(s\\) per rank x tp_size=4"),
+        ({"total_kv_heads": 9, "tp_size": 4}, "not divisible by tp_size"),
+    ],
+)
+def test_plan_arguments_are_validated_at_the_boundary(kwargs, message):
+    d, _, _ = _vllm_kv_first()
+    with pytest.raises(PlanError, match=message):
+        plan(d, head_num=H, **kwargs)
+
+
+def test_plan_of_raw_layers_applies_adapts_consistency_checks():
+    mixed = [distinct((2, NB, PS, H, D), torch.int16), distinct((2, NB, PS, H, D), torch.bfloat16)]
+    with pytest.raises(InconsistentLayersError, match="layer 1 K .*bfloat16.*layer 0 has .*int16"):
+        plan(mixed, head_num=H)
+    two_devices = [
+        distinct((2, NB, PS, H, D), torch.int16),
+        torch.empty((2, NB, PS, H, D), dtype=torch.int16, device="meta"),
+    ]
+    with pytest.raises(InconsistentLayersError, match="device=meta"):
+        plan(two_devices, head_num=H)
+    with pytest.raises(InconsistentLayersError):
+        plan([distinct((NB, PS, 12), torch.int16), distinct((NB, PS, 12), torch.bfloat16)], page_size=PS)
+
+
+def test_options_for_a_view_are_refused_instead_of_ignored():
+    pool, _, _ = _sglang_mha()
+    with pytest.raises(PlanError, match="already adapted"):
+        plan(adapt(pool), page_size=8)

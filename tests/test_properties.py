@@ -122,8 +122,10 @@ def pools(draw):
         pool = src if draw(st.booleans()) else SimpleNamespace(kv_cache=src)
     expected = _expected(order, src, layers, v_src)
     aligned = rows - rows % page
-    flexkv_ok = (page * heads * dim * dtype.itemsize) % 8 == 0 and all(
-        (r if paged else r[:aligned]).is_contiguous() and r.data_ptr() % 8 == 0
+    chunk = page * heads * dim * dtype.itemsize
+    word = 16 if chunk % 16 == 0 else 8  # FlexKV's kernel loads 16-byte words when the chunk allows it
+    flexkv_ok = chunk % 8 == 0 and all(
+        (r if paged else r[:aligned]).is_contiguous() and r.data_ptr() % word == 0
         for regions in expected.values()
         for r in regions
     )

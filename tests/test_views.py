@@ -118,3 +118,58 @@ def test_logical_dtype_with_another_itemsize_is_warned_about():
     buf = torch.zeros(2 * 2 * 32 * 2 * 4 * 2, dtype=torch.uint8)
     view = adapt(buf, page_size=16, shape=(2, 2, 32, 2, 4), dtype=torch.bfloat16, axes="L KV N H D")
     assert view.report.warnings == ()
+
+
+# What FlexKV's SGLang connector reads from the kvcache object and acts on (flexkv_consumers.md §4).
+FLEXKV_CONNECTOR_SWITCHES = ("swa_kv_pool", "translate_loc_from_full_to_swa", "c4_kv_pool", "full_kv_pool")
+
+
+def _hybrid_names_in_source() -> set[str]:
+    """Every wrapper attribute hybrid.py / adapt.py name as a pool or a layer mapping."""
+    import ast
+    import importlib
+    import inspect
+
+    adapt_module, hybrid = (importlib.import_module(f"flexkv_adapter.{m}") for m in ("adapt", "hybrid"))
+
+    names = set(adapt_module._HYBRID_MARKERS)
+    for module in (hybrid, adapt_module):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            value = node.value if isinstance(node, ast.Constant) else None
+            suffixes = ("_pool", "_layer_id_mapping", "layers_mapping")
+            if isinstance(value, str) and value.isidentifier() and value.endswith(suffixes) and value[0] != "_":
+                names.add(value)
+    return names
+
+
+def test_hybrid_names_found_in_the_source_cover_the_known_markers():
+    found = _hybrid_names_in_source()
+    assert {"full_kv_pool", "swa_kv_pool", "mamba_pool", "main_pool", "index_kv_pool", "layers_mapping"} <= found
+
+
+@pytest.mark.parametrize("build", ["mha", "mla", "swa", "hybrid_linear", "minimax"])
+def test_views_hide_every_hybrid_attribute_of_their_source(build):
+    from flexkv_adapter.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
+
+    pools = {
+        "mha": _mha,
+        "mla": lambda: SGLangLikeMLAPool(48, 16, torch.float32, kv_lora_rank=8, qk_rope_head_dim=4, layer_num=2),
+        "swa": _swa_pool,
+        "hybrid_linear": _hybrid_linear_pool,
+        "minimax": _minimax_pool,
+    }
+    pool = pools[build]()
+    view = adapt(pool, hybrid="attention_only")
+    names = {*FLEXKV_CONNECTOR_SWITCHES, *_hybrid_names_in_source()}
+    for name in names:  # present on the source (set now if the sample lacks it): still hidden
+        if not hasattr(view.source, name):
+            setattr(view.source, name, SimpleNamespace(k_buffer=[torch.zeros(1)]))
+        assert hasattr(view.source, name)
+        assert not hasattr(view, name), name
+        with pytest.raises(AttributeError, match=name):
+            getattr(view, name)
+    # FlexKV's connector, given the view, takes neither its SWA nor its DeepSeek-V4 path.
+    assert getattr(view, "swa_kv_pool", None) is None and not hasattr(view, "c4_kv_pool")
+    assert flexkv_resolve_kv_buffers(view)[0].data_ptr() == view.tensors()[0].data_ptr()
+    view.source.ordinary = "forwarded"
+    assert view.ordinary == "forwarded"  # other attributes are still forwarded

@@ -1,8 +1,9 @@
 """Derive FlexKV's ``KVCacheLayout`` fields and tensor order for a view or raw KV tensors.
 
 FlexKV picks its addressing mode from the number of tensors it receives per GPU
-(``csrc/tp_transfer_thread_group.cpp``; contract §1.4) and ignores tensor strides, except the kv
-and block strides of 5-D per-layer tensors:
+(``csrc/tp_transfer_thread_group.cpp``; contract §1.4) and computes strides from the layout (its
+tp worker probes 5-D per-layer tensors for kv/block strides; its layerwise and NIXL workers do not,
+so a 5-D tensor must have the layout's strides: :mod:`.checks`):
 
 =========  =========  ==============================================================
 tensors    mode       address of (layer l, kv k, block b)
@@ -14,7 +15,9 @@ L          VLLM       ``ptr[l] + k*kv_stride + b*block_stride`` (MLA: k = 0 only
 
 :func:`plan` chooses the mode, computes the strides FlexKV will use, and checks, for every layer
 and K/V, that FlexKV's address of block b is where the source keeps block b and that each
-block's ``[T, H, D]`` chunk is contiguous. Anything else raises before FlexKV can misread it.
+block's ``[T, H, D]`` chunk is contiguous and aligned, and that ``num_kv_heads`` and the layer
+count agree with FlexKV's ``ModelConfig`` (:mod:`.model`). Anything else raises before FlexKV
+can misread it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from typing_extensions import Unpack
 
 from ..adapt import _layer_ids, adapt, recognise
 from ..axes import format_axes, parse_axes
-from ..errors import NotAddressableError, PlanError, describe
+from ..carve import check_consistent
+from ..errors import PlanError
 from ..options import AdaptOptions, resolve_geometry
 from ..views import MHAView, PoolView
-
-_ALIGN = 8
+from ._import import import_flexkv
+from .checks import check_chunks, check_five_d
+from .model import LayoutFacts, ModelFacts, check_layout, model_facts, positive_int, registered_kv_heads
 
 
 class LayoutType(str, Enum):
@@ -96,16 +101,10 @@ class FlexKVPlan:
         return self.tokens_per_block * self.num_head * self.head_size * self.dtype.itemsize
 
     def strides(self) -> tuple[int, int, int]:
-        """(layer, block, kv) strides in bytes, as FlexKV's worker computes them."""
+        """(layer, block, kv) strides in bytes, from the layout (5-D tensors must match them: checks.py)."""
         shape, item = self.kv_shape, self.dtype.itemsize
         dims = {LayoutType.LAYERFIRST: (1, 3, 2), LayoutType.BLOCKFIRST: (2, 1, 3), LayoutType.LAYERBLOCK: (1, 2, 3)}
         layer, block, kv = (prod(shape[d:]) * item for d in dims[self.type])
-        first = self.tensors[0]
-        if self.mode is AddressingMode.VLLM and self.kv_dim == 2 and first.ndim == 5:
-            # _get_gpu_strides_from_tensor: 5-D kv_dim=2 tensors give kv and block strides themselves.
-            kv_axis, block_axis = (0, 1) if self.type is LayoutType.LAYERFIRST else (1, 0)
-            layer = first.numel() * item
-            block, kv = first.stride(block_axis) * item, first.stride(kv_axis) * item
         return layer, block, kv
 
     def address(self, layer: int, kv: int, block: int) -> int:
@@ -132,8 +131,6 @@ class FlexKVPlan:
 
     def to_flexkv(self) -> Any:
         """Build ``flexkv.common.storage.KVCacheLayout`` (needs FlexKV)."""
-        from .register import import_flexkv
-
         storage = import_flexkv("flexkv.common.storage")
         fields = self.layout_fields()
         fields["type"] = storage.KVCacheLayoutType[self.type.value]
@@ -144,70 +141,33 @@ class FlexKVPlan:
         return f"FlexKV {self.mode.value} mode, {len(self.tensors)} tensors, KVCacheLayout({fields})"
 
 
-def _num_kv_heads(kind: str, per_rank: int, tp_size: int, total: int | None, replicated: bool) -> int:
-    """FlexKV's ``num_kv_heads``: the model's total KV heads; 1 only for MLA (shared across ranks)."""
-    if tp_size < 1:
-        raise PlanError(f"tp_size must be >= 1, got {tp_size}")
-    if kind == "mla":
-        return 1
-    if total is None:
-        return per_rank * tp_size
-    if total == per_rank * tp_size:
-        return total
-    if total < tp_size:
-        if not replicated:
-            raise PlanError(
-                f"total_kv_heads={total} is fewer than tp_size={tp_size}: each rank holds replicated heads. "
-                f"Pass replicated_kv_heads=True to register the {per_rank} head(s) per rank x {tp_size} ranks "
-                f"(FlexKV stores the duplicates, as its vLLM adapter does)"
-            )
-        if tp_size % total or per_rank != 1:
-            raise PlanError(
-                f"replicated heads need tp_size ({tp_size}) to be a multiple of total_kv_heads ({total}) "
-                f"and one head per rank (got {per_rank})"
-            )
-        return per_rank * tp_size
-    raise PlanError(
-        f"total_kv_heads={total} does not match {per_rank} head(s) per rank x tp_size={tp_size} "
-        f"= {per_rank * tp_size}; {'it is not divisible by tp_size' if total % tp_size else 'check tp_size'}"
-    )
-
-
-def _check_chunks(p: FlexKVPlan, chunks: dict[int, list[torch.Tensor]], source: str) -> None:
-    """Every (layer, kv): FlexKV's block-b address is the source's block b, chunk contiguous."""
-    layer_stride, block_stride, kv_stride = p.strides()
-    for stride, name in ((layer_stride, "layer"), (block_stride, "block"), (kv_stride, "kv")):
-        if stride % _ALIGN:
-            raise NotAddressableError(f"{source}: FlexKV {name} stride {stride} B is not a multiple of 8 bytes")
-    for kv, layers in chunks.items():
-        for layer, c in enumerate(layers):  # c: [B, T, H, D] view of the source
-            where = f"{source}: layer {layer} {'KV'[kv] if p.kv_dim == 2 else 'KV'} ({describe(c)})"
-            if c.shape[1:] != (p.tokens_per_block, p.num_head, p.head_size) or c.shape[0] != p.num_block:
-                raise PlanError(f"{where} does not match the plan's [B, T, H, D] = {p.kv_shape}")
-            if not c[0].is_contiguous():
-                raise NotAddressableError(
-                    f"{where}: a block's [tokens, heads, dim] chunk is not contiguous; FlexKV copies each "
-                    f"chunk as {p.chunk_bytes} consecutive bytes (head-major/HND blocks cannot be registered)"
-                )
-            if c.data_ptr() % _ALIGN:
-                raise NotAddressableError(f"{where}: base address is not 8-byte aligned")
-            itemsize = c.element_size()
-            actual = (c.data_ptr(), c.stride(0) * itemsize if p.num_block > 1 else block_stride)
-            expected = (p.address(layer, kv, 0), block_stride)
-            if actual != expected:
-                raise NotAddressableError(
-                    f"{where}: FlexKV {p.mode.value} mode would read block 0 at {expected[0]:#x} and step "
-                    f"{expected[1]} B per block, but the source keeps it at {actual[0]:#x} stepping "
-                    f"{actual[1]} B; registering this layout would corrupt the cache"
-                )
+def _boundary(
+    tp_size: object, total_kv_heads: object, model_dtype: object, model_config: object, options: dict[str, Any]
+) -> tuple[int, int | None, torch.dtype | None, ModelFacts | None]:
+    """Validate plan()'s own arguments once: (tp_size, total_kv_heads, model_dtype, model facts)."""
+    if "replicated_kv_heads" in options:
+        raise PlanError(
+            "replicated_kv_heads was removed: replicated KV heads can be registered only against a ModelConfig "
+            "whose num_kv_heads counts the replicas; pass it as model_config="
+        )
+    model = model_facts(model_config) if model_config is not None else None
+    tp = positive_int(tp_size, "tp_size") if tp_size is not None else (model.tp_size if model else 1)
+    if model is not None and tp != model.tp_size:
+        raise PlanError(f"tp_size={tp} contradicts model_config.tp_size={model.tp_size}")
+    total = positive_int(total_kv_heads, "total_kv_heads") if total_kv_heads is not None else None
+    if model_dtype is not None and not isinstance(model_dtype, torch.dtype):
+        raise PlanError(f"model_dtype must be a torch.dtype (e.g. torch.bfloat16), got {model_dtype!r}")
+    if model is not None and model_dtype is not None and model_dtype != model.dtype:
+        raise PlanError(f"model_dtype={model_dtype} contradicts model_config.dtype={model.dtype}")
+    return tp, total, model_dtype, model
 
 
 def plan(
     source: object,
     *,
-    tp_size: int = 1,
+    tp_size: int | None = None,
+    model_config: object = None,
     total_kv_heads: int | None = None,
-    replicated_kv_heads: bool = False,
     model_dtype: torch.dtype | None = None,
     page_size: int | None = None,
     **options: Unpack[AdaptOptions],
@@ -221,15 +181,22 @@ def plan(
     ``[NB, L, 2, BS, H, D]`` registers whole (TRTLLM mode). Any other source goes through
     :func:`~flexkv_adapter.adapt` first.
 
-    ``num_head`` is the heads present per rank; ``num_kv_heads`` the model's total KV heads
-    (per-rank heads x ``tp_size``; 1 only for MLA). ``total_kv_heads`` cross-checks it; fewer
-    total heads than ``tp_size`` needs ``replicated_kv_heads=True``. ``model_dtype`` (FlexKV's
-    model dtype) must have the tensors' element size, since FlexKV sizes blocks with it.
+    ``model_config`` is FlexKV's ``ModelConfig`` (or an object or mapping with ``num_layers``,
+    ``num_kv_heads``, ``head_size``, ``dtype``, ``tp_size``, optionally ``use_mla``/``kv_dim``,
+    ``pp_size``, ``num_layers_per_pp_stage``): FlexKV's CPU side uses it, so the layer count, head
+    size, element size and ``num_kv_heads`` must agree with it. ``num_kv_heads`` is 1 when every
+    rank holds the same KV (MLA, MQA) and per-rank heads x ``tp_size`` otherwise. Without a
+    ``model_config``, ``total_kv_heads`` settles one KV head per rank with tp > 1 (1: MQA, tp:
+    split). ``model_dtype`` (FlexKV's model dtype) must have the tensors' element size.
 
     Raises:
-        PlanError: inconsistent TP/head/dtype settings.
+        PlanError: inconsistent TP/head/dtype/layer settings, or an invalid argument.
+        AmbiguousLayoutError: one KV head per rank with tp > 1 and nothing saying MQA or split.
         NotAddressableError: FlexKV's address arithmetic would not land on the source's blocks.
+        InconsistentLayersError: raw per-layer tensors that disagree in shape, dtype or device.
     """
+    extra: dict[str, Any] = dict(options)
+    tp, total, model_dtype, model = _boundary(tp_size, total_kv_heads, model_dtype, model_config, extra)
     if not isinstance(source, PoolView):
         geometry = resolve_geometry(source, page_size, options)
         located, interp, logical = recognise(source, geometry, options)
@@ -237,11 +204,12 @@ def plan(
         if key not in _REGISTERED_AS_IS or (located.split and interp.per_layer):
             return plan(
                 adapt(source, page_size, **options),
-                tp_size=tp_size,
-                total_kv_heads=total_kv_heads,
-                replicated_kv_heads=replicated_kv_heads,
+                tp_size=tp,
+                model_config=model,
+                total_kv_heads=total,
                 model_dtype=model_dtype,
             )
+        check_consistent(logical, source, located.attrs)
         layout_type, mode = _REGISTERED_AS_IS[key]
         tensors = located.containers[0].tensors
         planes = list(logical.values())
@@ -250,6 +218,8 @@ def plan(
         chunks = dict(enumerate(planes))
         name = f"{type(source).__name__}.{'/'.join(located.attrs)} [{format_axes(interp.axes)}]"
     else:
+        if options or page_size is not None:
+            raise PlanError(f"{source!r} is already adapted; adapt options go to adapt(view.source, ...)")
         view = source
         layout_type = LayoutType.LAYERFIRST
         mode = AddressingMode.SGLANG if isinstance(view, MHAView) else AddressingMode.VLLM
@@ -272,23 +242,25 @@ def plan(
         first = chunks[0][0]
         name = repr(view)
     dtype = first.dtype
+    facts = LayoutFacts(kind, len(chunks[0]), first.shape[2], first.shape[3], dtype)
+    if model is not None:
+        check_layout(facts, model, tp)
     if model_dtype is not None and model_dtype.itemsize != dtype.itemsize:
         raise PlanError(
             f"{name}: FlexKV's model dtype {model_dtype} has itemsize {model_dtype.itemsize} but the KV "
             f"tensors hold {dtype} (itemsize {dtype.itemsize}); FlexKV sizes GPU blocks with the model dtype. "
             f"Set FLEXKV_KV_CACHE_DTYPE to a {dtype.itemsize}-byte dtype"
         )
-    num_head = first.shape[2]
     result = FlexKVPlan(
         type=layout_type,
         mode=mode,
-        num_layer=len(chunks[0]),
+        num_layer=facts.num_layers,
         num_block=first.shape[0],
         tokens_per_block=first.shape[1],
-        num_head=num_head,
-        head_size=first.shape[3],
+        num_head=facts.heads_per_rank,
+        head_size=facts.head_size,
         kv_dim=2 if kind == "mha" else 1,
-        num_kv_heads=_num_kv_heads(kind, num_head, tp_size, total_kv_heads, replicated_kv_heads),
+        num_kv_heads=registered_kv_heads(facts, tp, total=total, model=model),
         tensors=tuple(tensors),
         layer_ids=layer_ids,
         dtype=dtype,
@@ -300,5 +272,6 @@ def plan(
     }[mode]
     if len(result.tensors) != expected_tensors:
         raise PlanError(f"{name}: {mode.value} mode needs {expected_tensors} tensors, got {len(result.tensors)}")
-    _check_chunks(result, chunks, name)
+    check_five_d(result, name)
+    check_chunks(result, chunks, name, tp)
     return result

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
-from types import ModuleType
 from typing import Any, Protocol
 
-from ..errors import FLEXKV_INSTALL_HINT, AdapterError, FlexKVUnavailableError
+from ..errors import AdapterError
+from .model import check_against_model_config
 from .plan import FlexKVPlan, plan
 
 logger = logging.getLogger(__name__)
-
-
-def import_flexkv(module: str) -> ModuleType:
-    """Import a FlexKV module, or raise :class:`FlexKVUnavailableError` with the install hint."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise FlexKVUnavailableError(f"cannot import {module} ({exc}). {FLEXKV_INSTALL_HINT}") from exc
-    except OSError as exc:  # flexkv.common.memory_handle loads libcudart at import time
-        raise FlexKVUnavailableError(f"{module} failed to load a native library ({exc}); it needs CUDA") from exc
 
 
 class RegistersToServer(Protocol):
@@ -37,6 +26,7 @@ def register(
     client: RegistersToServer,
     *,
     override_device_id: int | None = None,
+    model_config: object = None,
     attempts: int = 360,
     interval_s: float = 1.0,
     **plan_options: Any,
@@ -46,9 +36,15 @@ def register(
     Calls ``client.register_to_server(kv_caches, kv_layout, override_device_id=...)`` of FlexKV's
     ``KVTPClient``. Transient failures (socket/OS/runtime errors) are retried ``attempts`` times,
     ``interval_s`` apart, like FlexKV's SGLang connector (360 x 1 s); invalid input
-    (``ValueError``/``TypeError``, e.g. CPU tensors) is raised at once. Returns the plan.
+    (``ValueError``/``TypeError``, e.g. CPU tensors) is raised at once. ``model_config`` (FlexKV's
+    ``ModelConfig``) is checked against the layout before anything is sent. Returns the plan.
     """
-    p = source if isinstance(source, FlexKVPlan) else plan(source, **plan_options)
+    if isinstance(source, FlexKVPlan):
+        if model_config is not None:
+            check_against_model_config(source, model_config)
+        p = source
+    else:
+        p = plan(source, model_config=model_config, **plan_options)
     layout = p.to_flexkv()
     for attempt in range(1, attempts + 1):
         try:
