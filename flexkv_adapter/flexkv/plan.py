@@ -32,6 +32,7 @@ from ..axes import format_axes, parse_axes
 from ..errors import NotAddressableError, PlanError, describe
 from ..options import AdaptOptions, resolve_geometry
 from ..views import MHAView, PoolView
+from ..vllm_layout import is_vllm_dict
 
 _ALIGN = 8
 
@@ -230,6 +231,19 @@ def plan(
         PlanError: inconsistent TP/head/dtype settings.
         NotAddressableError: FlexKV's address arithmetic would not land on the source's blocks.
     """
+    if not isinstance(source, PoolView) and "axes" not in options and is_vllm_dict(source):
+        from .vllm_plan import plan_vllm  # imports this module
+
+        kind = options.get("kind")
+        return plan_vllm(
+            source,  # type: ignore[arg-type]
+            kind=kind,
+            block_size=page_size,
+            tp_size=tp_size,
+            total_kv_heads=total_kv_heads,
+            replicated_kv_heads=replicated_kv_heads,
+            model_dtype=model_dtype,
+        )
     if not isinstance(source, PoolView):
         geometry = resolve_geometry(source, page_size, options)
         located, interp, logical = recognise(source, geometry, options)
