@@ -80,7 +80,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
             f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
         )
-    if is_vllm_dict(pool) and not given.get("axes") and not given.get("attrs"):
+    if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
         return adapt_vllm(pool, page_size, given.get("kind"))  # type: ignore[arg-type]
     structure = hybrid.detect(pool)
     if structure is not None:

@@ -52,13 +52,25 @@ _ONE_HEAD_FIX = "set VLLM_KV_CACHE_LAYOUT to a layer-outermost layout (LBNHC, LB
 
 
 def is_vllm_dict(obj: object) -> bool:
-    """A dict of 4-D tensors that all view one backing buffer: vLLM 0.33's ``register_kv_caches`` input."""
+    """A dict of 4-D tensors that all view one backing buffer: vLLM 0.33's ``register_kv_caches`` input.
+
+    Raises AmbiguousLayoutError for 2 on the first axis: older per-layer ``[2, rows, heads, dim]``
+    tensors (K and V) sliced from one buffer look the same.
+    """
     if not isinstance(obj, Mapping) or not obj:
         return False
     main = [t for n, t in obj.items() if not str(n).endswith(INDEXER_SUFFIX)]
     if not main or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in main):
         return False
-    return len({t.untyped_storage().data_ptr() for t in main}) == 1
+    if len({t.untyped_storage().data_ptr() for t in main}) != 1:
+        return False
+    if main[0].shape[0] == 2:
+        raise AmbiguousLayoutError(
+            f"a dict of {tuple(main[0].shape)} views of one buffer reads as vLLM 0.33 [blocks=2, heads, tokens, "
+            f"C] or as per-layer [K/V=2, rows, heads, dim]. Pass axes='KV N H D' for the latter; register a "
+            f"2-block vLLM 0.33 cache with flexkv_adapter.flexkv.vllm_plan.plan_vllm"
+        )
+    return True
 
 
 @dataclass(frozen=True)
