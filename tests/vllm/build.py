@@ -59,7 +59,7 @@ def allocate(
             del os.environ["VLLM_KV_CACHE_LAYOUT"]
         else:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = old
-    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]  # LAYER_NAMES for 3
     group = KVCacheGroupSpec(names, spec)
     kv_cache_config = get_kv_cache_config_from_groups(config, [group], spec.page_size_bytes * layers * blocks)
     attn = [[AttentionGroup(backend=backend_of(case), layer_names=names, kv_cache_spec=spec, kv_cache_group_id=0)]]
@@ -77,3 +77,57 @@ def backing(kv_caches: dict[str, torch.Tensor]) -> torch.Tensor:
 def fill(kv_caches: dict[str, torch.Tensor]) -> None:
     raw = backing(kv_caches)
     raw.copy_(torch.randint(0, 256, (raw.numel(),), dtype=torch.uint8, generator=torch.Generator().manual_seed(11)))
+
+
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+
+
+def connector_config(model_dir: Any, case: str, tp_size: int = 1) -> Any:
+    """A real VllmConfig selecting FlexKVConnectorV1, for a tiny Llama-shaped model of 3 layers.
+
+    Its attention layers stand in for the model's (no model is loaded on CPU) and report the real
+    backend class of ``case``, which is what FlexKV's construction asks for its cache shape.
+    """
+    import json
+
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    spec = spec_of(case)
+    heads = spec.num_kv_heads * tp_size
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 4 * heads * spec.head_size,
+                "head_dim": spec.head_size,
+                "num_attention_heads": 4 * heads,
+                "num_key_value_heads": heads,
+                "num_hidden_layers": len(LAYER_NAMES),
+                "intermediate_size": 64,
+                "vocab_size": 256,
+                "max_position_embeddings": 512,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16")
+    config = vllm_config(
+        tp_size,
+        model_config=model,
+        cache_config=CacheConfig(block_size=spec.block_size),
+        kv_transfer_config=KVTransferConfig(kv_connector="FlexKVConnectorV1", kv_role="kv_both"),
+    )
+    backend = backend_of(case)
+
+    class Layer(AttentionLayerBase):
+        def get_attn_backend(self) -> Any:
+            return backend
+
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            return spec
+
+    for name in LAYER_NAMES:
+        config.compilation_config.static_forward_context[name] = Layer()
+    return config

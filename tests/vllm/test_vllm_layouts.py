@@ -41,14 +41,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
-def assert_flexkv_reads_vllm(p, kv_caches, head_size: int) -> None:
-    """For every layer, block and K/V half: FlexKV's read equals vLLM's own view of that block."""
-    fields = p.layout_fields()
-    tensors = list(p.tensors)
+def assert_flexkv_reads_vllm(fields, tensors, kv_caches, head_size: int) -> None:
+    """For every layer, block and K/V half: FlexKV's read (layout ``fields``) equals vLLM's own view of that block."""
     for layer, view in enumerate(kv_caches.values()):
-        for block in range(p.num_block):
-            got = flexkv_worker_read(fields, tensors, layer, 0, block)
-            want = source_chunk(view, block, p.tokens_per_block)
+        for block in range(fields["num_block"]):
+            got = flexkv_worker_read(fields, list(tensors), layer, 0, block)
+            want = source_chunk(view, block, fields["tokens_per_block"])
             assert got == bytes(want.contiguous().view(torch.uint8).flatten().tolist()), (layer, block)
             cells = bits(torch.frombuffer(bytearray(got), dtype=view.dtype).view(want.shape))
             assert torch.equal(cells[..., :head_size], bits(want[..., :head_size]))  # K (or the MLA row)
@@ -71,7 +69,7 @@ def test_every_layout_and_kind_is_adapted_right_or_refused(layout, case):
     assert p.head_size == spec.head_size + spec.head_size_v
     assert p.num_kv_heads == spec.num_kv_heads  # one rank: the heads it holds (MLA: 1)
     assert len(p.tensors) == (len(kv_caches) if expected == "LAYERFIRST" else 1)
-    assert_flexkv_reads_vllm(p, kv_caches, spec.head_size)
+    assert_flexkv_reads_vllm(p.layout_fields(), p.tensors, kv_caches, spec.head_size)
     # Zero-copy: a write through vLLM's view is what FlexKV reads next.
     view = kv_caches[list(kv_caches)[-1]]
     view[-1].fill_(3)
@@ -95,7 +93,7 @@ def test_one_head_per_rank_at_tp2_registers_the_total_heads(layout):
     p = plan(kv_caches, kind="mha", page_size=16, tp_size=2)
     assert (p.num_head, p.num_kv_heads) == (1, 2)  # per rank 1, server-side 2 (not "shared", which corrupts)
     assert plan(kv_caches, kind="mla", page_size=16, tp_size=2).num_kv_heads == 1
-    assert_flexkv_reads_vllm(p, kv_caches, 8)
+    assert_flexkv_reads_vllm(p.layout_fields(), p.tensors, kv_caches, 8)
 
 
 def test_mha_multi_head_counts_heads_across_ranks():
@@ -116,7 +114,7 @@ def test_kv_sharing_aliases_register_per_layer_and_refuse_block_first():
     kv_caches["model.layers.3.self_attn.attn"] = kv_caches["model.layers.0.self_attn.attn"]
     p = plan(kv_caches, kind="mla", page_size=64)
     assert p.tensors[3].data_ptr() == p.tensors[0].data_ptr()
-    assert_flexkv_reads_vllm(p, kv_caches, 24)
+    assert_flexkv_reads_vllm(p.layout_fields(), p.tensors, kv_caches, 24)
     kv_caches, _, _ = allocate("BLNHC", "mla")
     kv_caches["model.layers.3.self_attn.attn"] = kv_caches["model.layers.0.self_attn.attn"]
     with pytest.raises(NotAddressableError, match="aliases"):
