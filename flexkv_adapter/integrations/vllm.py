@@ -70,8 +70,17 @@ def _patch_connector(cls: Any) -> None:
         worker = self._flexkv_connector.connector
         facts = spec_facts(self._kv_cache_config)
         tp_size = int(self._vllm_config.parallel_config.tensor_parallel_size)
-        _plan(kv_caches, facts, tp_size)  # refuse before FlexKV sees the dict
-        worker.register_to_server = types.MethodType(functools.partial(_register, facts=facts, tp_size=tp_size), worker)
+        p, indexer = _plan(kv_caches, facts, tp_size)  # refuse before FlexKV sees the dict
+        if indexer and not _flexkv_reads_it_alike(p, kv_caches):
+            raise NotAddressableError(
+                f"flexkv_adapter: {p} needs the adapter's registration, which does not carry DeepSeek-V3.2 indexer "
+                f"caches ({', '.join(indexer[:2])}, ...); set VLLM_KV_CACHE_LAYOUT=LBNHC and a --block-size equal "
+                f"to the attention kernel's block size"
+            )
+        if not indexer:  # with indexer entries FlexKV's own registration (which splits them off) is the same plan
+            worker.register_to_server = types.MethodType(
+                functools.partial(_register, facts=facts, tp_size=tp_size), worker
+            )
         original_register(self, kv_caches)
 
     def get_required_kvcache_layout(cls: Any, vllm_config: Any) -> str:
@@ -123,8 +132,8 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
         )
     spec = groups[0].kv_cache_spec
     per_layer = getattr(spec, "kv_cache_specs", None)
-    if isinstance(per_layer, Mapping) and per_layer:
-        spec = next(iter(per_layer.values()))
+    if isinstance(per_layer, Mapping) and per_layer:  # one spec per layer: take an attention layer's
+        spec = next((v for n, v in per_layer.items() if not str(n).endswith(".k_cache")), spec)
     padding = {n: getattr(spec, n, None) for n in ("page_size_padded", "state_content_bytes", "num_head_slots")}
     padding = {n: v for n, v in padding.items() if v is not None}
     if padding:
@@ -139,17 +148,24 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
     return {"kind": kind, "heads": int(spec.num_kv_heads), "content": content, "block_size": int(spec.block_size)}
 
 
-def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int) -> Any:
+def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int) -> tuple[Any, list[str]]:
+    """The adapter's plan of the main KV caches, and the indexer entries left out of it."""
     from ..flexkv.vllm_plan import plan_vllm
     from ..vllm_layout import INDEXER_SUFFIX
 
-    main = {n: t for n, t in kv_caches.items() if not str(n).endswith(INDEXER_SUFFIX)}
-    if len(main) != len(kv_caches):
-        raise NotAddressableError(
-            "flexkv_adapter: DeepSeek-V3.2 indexer caches (.k_cache) are not registered by this version"
-        )
-    return plan_vllm(
-        main, kind=facts["kind"], block_size=facts["block_size"], tp_size=tp_size, content=facts["content"]
+    indexer = [n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX)]
+    main = {n: t for n, t in kv_caches.items() if n not in indexer}
+    p = plan_vllm(main, kind=facts["kind"], block_size=facts["block_size"], tp_size=tp_size, content=facts["content"])
+    return p, indexer
+
+
+def _flexkv_reads_it_alike(p: Any, kv_caches: Mapping[str, torch.Tensor]) -> bool:
+    """FlexKV's own 4-D registration (LAYERFIRST, heads = shape[1], tokens = shape[2]) equals the plan."""
+    first = next(t for n, t in kv_caches.items() if not str(n).endswith(".k_cache"))
+    return bool(
+        p.type.value == "LAYERFIRST"
+        and p.num_kv_heads == p.num_head == first.shape[1]
+        and p.tokens_per_block == first.shape[2]
     )
 
 
@@ -157,7 +173,7 @@ def _register(
     worker: Any, kv_caches: Mapping[str, torch.Tensor], *, facts: dict[str, Any], tp_size: int, resume: bool = False
 ) -> None:
     """FlexKVWorkerConnector.register_to_server, registering the adapter's plan (also on wake)."""
-    p = _plan(kv_caches, facts, tp_size)
+    p, _ = _plan(kv_caches, facts, tp_size)
     worker.tp_client.register_to_server(kv_caches=list(p.tensors), kv_layout=p.to_flexkv(), resume=resume)
     worker._registered_kv_caches = dict(kv_caches)
     logger.debug("flexkv_adapter: registered %s", p)

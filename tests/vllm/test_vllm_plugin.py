@@ -162,3 +162,18 @@ def test_the_entry_point_is_declared_for_vllm():
 
     (point,) = [p for p in entry_points(group="vllm.general_plugins") if p.name == "flexkv_adapter"]
     assert point.value == "flexkv_adapter.integrations.vllm:install"
+
+
+@pytest.mark.parametrize(("case", "accepted"), [("mla", True), ("mla128", False)])
+def test_indexer_entries_go_through_flexkvs_own_split_only_when_it_reads_the_same(plugged, tmp_path, case, accepted):
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", case)
+    kv_caches["model.layers.0.self_attn.indexer.k_cache"] = torch.zeros(5, 64, 132, dtype=torch.uint8)
+    worker = plugged(connector_config(tmp_path, case), roles().WORKER, kv_cache_config)
+    if not accepted:  # kernel blocks regrouped: FlexKV's own split would take 64-token blocks
+        with pytest.raises(NotAddressableError, match="indexer"):
+            worker.register_kv_caches(kv_caches)
+        assert registrations() == []
+        return
+    worker.register_kv_caches(kv_caches)
+    (sent,) = registrations()
+    assert (sent["kv_layout"].num_kv_heads, sent["kv_layout"].tokens_per_block, len(sent["kv_caches"])) == (1, 64, 3)
