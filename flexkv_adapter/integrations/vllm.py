@@ -71,6 +71,15 @@ def _patch_connector(cls: Any) -> None:
         facts = spec_facts(self._kv_cache_config)
         tp_size = int(self._vllm_config.parallel_config.tensor_parallel_size)
         p, indexer = _plan(kv_caches, facts, tp_size)  # refuse before FlexKV sees the dict
+        flexkv_block = getattr(
+            getattr(getattr(worker, "flexkv_config", None), "cache_config", None), "tokens_per_block", None
+        )
+        if flexkv_block is not None and flexkv_block != p.tokens_per_block:
+            raise AdapterError(
+                f"flexkv_adapter: FlexKV counts {flexkv_block}-token blocks (vLLM's cache_config.block_size) but "
+                f"the KV cache spec's block is {p.tokens_per_block} tokens; FlexKV's block ids would address the "
+                f"wrong bytes"
+            )
         if indexer and not _flexkv_reads_it_alike(p, kv_caches):
             raise NotAddressableError(
                 f"flexkv_adapter: {p} needs the adapter's registration, which does not carry DeepSeek-V3.2 indexer "

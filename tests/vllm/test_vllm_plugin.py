@@ -177,3 +177,15 @@ def test_indexer_entries_go_through_flexkvs_own_split_only_when_it_reads_the_sam
     worker.register_kv_caches(kv_caches)
     (sent,) = registrations()
     assert (sent["kv_layout"].num_kv_heads, sent["kv_layout"].tokens_per_block, len(sent["kv_caches"])) == (1, 64, 3)
+
+
+def test_a_spec_block_other_than_flexkvs_block_fails_start_up(plugged, tmp_path):
+    from flexkv_adapter import AdapterError
+
+    from .build import spec_of
+
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", "mha3", spec=spec_of("mha3", block_size=32))
+    worker = plugged(connector_config(tmp_path, "mha3"), roles().WORKER, kv_cache_config)  # FlexKV: 16 tokens
+    with pytest.raises(AdapterError, match="16-token blocks"):
+        worker.register_kv_caches(kv_caches)
+    assert registrations() == []
