@@ -258,7 +258,7 @@ def _block_first(g: VLLMGeometry, chunks: list[torch.Tensor], where: str, fix: s
     elif first.stride(0) != layers * chunk or any(
         c.storage_offset() - first.storage_offset() != i * chunk for i, c in enumerate(chunks)
     ):
-        why = "kernel blocks smaller than the manager block interleave with other layers"
+        why = "a block does not hold exactly every layer's page back to back (padding or split blocks)"
     if why:
         raise NotAddressableError(f"{where}: {describe(first)}: {why}, so FlexKV cannot address it. Fix: {fix}")
     whole = first.as_strided(
