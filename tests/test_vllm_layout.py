@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexkv_adapter import AmbiguousLayoutError, NotAddressableError
+from flexkv_adapter import AmbiguousLayoutError, MLAView, NotAddressableError, adapt
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
@@ -94,3 +94,16 @@ def test_legacy_five_dim_and_separate_tensors_do_not_take_the_vllm_033_path():
     with pytest.raises(AmbiguousLayoutError, match="axes='KV N H D'"):
         plan(kv, page_size=2)
     assert plan(kv, page_size=2, axes="KV N H D").num_layer == 2
+
+
+def test_adapt_gives_an_aliasing_mla_view_for_layer_outermost_mla_and_refuses_the_rest():
+    kv_caches = views("LHBNC", 3, 4, 1, 2, 8)  # 2-token kernel blocks, 4-token manager blocks
+    view = adapt(kv_caches, page_size=4, kind="mla")
+    assert isinstance(view, MLAView) and (view.num_blocks, view.page_size, view.layer_ids) == (2, 4, [0, 1, 2])
+    layer = kv_caches["model.layers.1.attn"]
+    view.kv_buffer[1][5].fill_(9)  # manager block 1, token 1 = kernel block 2, token 1
+    assert torch.equal(layer[2, 0, 1].view(torch.int16), torch.full((8,), 9, dtype=layer.dtype).view(torch.int16))
+    with pytest.raises(NotAddressableError, match="BLOCKFIRST"):
+        adapt(views("BLNHC", 3, 4, 1, 2, 8), page_size=2, kind="mla")
+    with pytest.raises(NotAddressableError, match=r"\[K \| V\]"):
+        adapt(views("LBNHC", 3, 4, 2, 2, 8), page_size=2)
