@@ -34,6 +34,7 @@ from .recognize import Container, Located, candidates, locate, mismatch
 from .report import Report
 from .spec import load_spec, merge_spec_options
 from .views import MHAView, MLAView, PoolView
+from .vllm_layout import adapt_vllm, is_vllm_dict
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
             f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
         )
+    if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
+        return adapt_vllm(pool, page_size, given.get("kind"))  # type: ignore[arg-type]
     structure = hybrid.detect(pool)
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))

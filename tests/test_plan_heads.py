@@ -131,7 +131,7 @@ def test_mla_is_one_and_needs_a_model_config_of_one():
         plan(adapt(pools[0]), model_config={**model, "num_kv_heads": 4})
     with pytest.raises(PlanError, match="use_mla=False"):
         plan(adapt(pools[0]), model_config={**model, "use_mla": False})
-    with pytest.raises(PlanError, match="use_mla=True"):
+    with pytest.raises(PlanError, match=r"registers kv_dim=2 but model_config.kv_dim=1"):
         plan(adapt(_ranks(tp=1, heads=2)[0]), model_config=_model(tp=1, heads=2, kv_dim=1))
 
 

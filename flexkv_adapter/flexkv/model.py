@@ -32,7 +32,8 @@ class ModelFacts:
     head_size: int
     dtype: torch.dtype
     tp_size: int
-    mla: bool | None  # None: the config does not say
+    kv_dim: int | None  # None: the config does not say
+    mla: bool | None  # use_mla (older FlexKV); None: the config does not say
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class LayoutFacts:
     heads_per_rank: int
     head_size: int
     dtype: torch.dtype
+    kv_dim: int  # 2: K and V planes (SGLang MHA); 1: one plane (MLA, or vLLM's packed [K | V] cells)
 
 
 def _field(config: object, name: str) -> Any:
@@ -82,18 +84,18 @@ def model_facts(model_config: object) -> ModelFacts:
             f"(RankInfo.num_layers_per_pp_stage); pass a mapping that adds num_layers_per_pp_stage"
         )
     use_mla, kv_dim = _field(model_config, "use_mla"), _field(model_config, "kv_dim")
-    mla: bool | None = None if kv_dim is _MISSING else kv_dim == 1
-    if use_mla is not _MISSING:
-        if not isinstance(use_mla, bool):
-            raise PlanError(f"model_config.use_mla must be a bool, got {use_mla!r}")
-        mla = use_mla
+    if kv_dim is not _MISSING and kv_dim not in (1, 2):
+        raise PlanError(f"model_config.kv_dim must be 1 or 2, got {kv_dim!r}")
+    if use_mla is not _MISSING and not isinstance(use_mla, bool):
+        raise PlanError(f"model_config.use_mla must be a bool, got {use_mla!r}")
     return ModelFacts(
         num_layers=layers,
         num_kv_heads=positive_int(values["num_kv_heads"], "model_config.num_kv_heads"),
         head_size=positive_int(values["head_size"], "model_config.head_size"),
         dtype=dtype,
         tp_size=positive_int(values["tp_size"], "model_config.tp_size"),
-        mla=mla,
+        kv_dim=None if kv_dim is _MISSING else int(kv_dim),
+        mla=use_mla if isinstance(use_mla, bool) else None,
     )
 
 
@@ -153,10 +155,15 @@ def check_layout(layout: LayoutFacts, model: ModelFacts, tp_size: int) -> None:
             f"stage; FlexKV's connectors take the layer count from the model config (an attention-only hybrid "
             f"view cannot be registered against the full model's layer count)"
         )
+    if model.kv_dim is not None and model.kv_dim != layout.kv_dim:
+        raise PlanError(
+            f"the source ({layout.kind.upper()}) registers kv_dim={layout.kv_dim} but model_config.kv_dim="
+            f"{model.kv_dim}; FlexKV would size its CPU blocks for the other layout"
+        )
     if model.mla is not None and model.mla != (layout.kind == "mla"):
         raise PlanError(
-            f"the source is {layout.kind.upper()} but model_config says use_mla={model.mla} (kv_dim "
-            f"{1 if model.mla else 2}); FlexKV would size its CPU blocks for the other kind"
+            f"the source is {layout.kind.upper()} but model_config says use_mla={model.mla}; "
+            f"FlexKV would size its CPU blocks for the other kind"
         )
     if layout.head_size != model.head_size:
         raise PlanError(f"head size {layout.head_size} != model_config.head_size={model.head_size}")
@@ -172,9 +179,9 @@ def layout_facts(source: PoolView | FlexKVPlan) -> LayoutFacts:
     """The layout facts of an adapted view or a plan (one rank's tensors)."""
     if isinstance(source, PoolView):
         first = source.tensors()[0]  # [rows, heads, dim]
-        return LayoutFacts(source.kind, len(source.layer_ids), first.shape[1], first.shape[2], first.dtype)
-    kind = "mla" if source.kv_dim == 1 else "mha"
-    return LayoutFacts(kind, source.num_layer, source.num_head, source.head_size, source.dtype)
+        kv_dim = 1 if source.kind == "mla" else 2
+        return LayoutFacts(source.kind, len(source.layer_ids), first.shape[1], first.shape[2], first.dtype, kv_dim)
+    return LayoutFacts(source.kind, source.num_layer, source.num_head, source.head_size, source.dtype, source.kv_dim)
 
 
 def check_against_model_config(source: PoolView | FlexKVPlan, model_config: object, tp_size: int | None = None) -> int:

@@ -34,8 +34,10 @@ from ..adapt import _layer_ids, adapt, recognise
 from ..axes import format_axes, parse_axes
 from ..carve import check_consistent
 from ..errors import PlanError
+from ..layout import ViewKind
 from ..options import AdaptOptions, resolve_geometry
 from ..views import MHAView, PoolView
+from ..vllm_layout import is_vllm_dict
 from ._import import import_flexkv
 from .checks import check_chunks, check_five_d
 from .model import LayoutFacts, ModelFacts, check_layout, model_facts, positive_int, registered_kv_heads
@@ -83,6 +85,7 @@ class FlexKVPlan:
     tensors: tuple[torch.Tensor, ...]
     layer_ids: tuple[int, ...]
     dtype: torch.dtype
+    kind: ViewKind  # what the tensors hold; kv_dim=1 is MLA or vLLM's packed [K | V] MHA cells
 
     @property
     def kv_shape(self) -> tuple[int, ...]:
@@ -197,6 +200,18 @@ def plan(
     """
     extra: dict[str, Any] = dict(options)
     tp, total, model_dtype, model = _boundary(tp_size, total_kv_heads, model_dtype, model_config, extra)
+    if not isinstance(source, PoolView) and "axes" not in options and is_vllm_dict(source):
+        from .vllm_plan import plan_vllm  # imports this module
+
+        return plan_vllm(
+            source,  # type: ignore[arg-type]
+            kind=options.get("kind"),
+            block_size=page_size,
+            tp_size=tp,
+            total_kv_heads=total,
+            model_config=model,
+            model_dtype=model_dtype,
+        )
     if not isinstance(source, PoolView):
         geometry = resolve_geometry(source, page_size, options)
         located, interp, logical = recognise(source, geometry, options)
@@ -242,7 +257,7 @@ def plan(
         first = chunks[0][0]
         name = repr(view)
     dtype = first.dtype
-    facts = LayoutFacts(kind, len(chunks[0]), first.shape[2], first.shape[3], dtype)
+    facts = LayoutFacts(kind, len(chunks[0]), first.shape[2], first.shape[3], dtype, 2 if kind == "mha" else 1)
     if model is not None:
         check_layout(facts, model, tp)
     if model_dtype is not None and model_dtype.itemsize != dtype.itemsize:
@@ -259,11 +274,12 @@ def plan(
         tokens_per_block=first.shape[1],
         num_head=facts.heads_per_rank,
         head_size=facts.head_size,
-        kv_dim=2 if kind == "mha" else 1,
+        kv_dim=facts.kv_dim,
         num_kv_heads=registered_kv_heads(facts, tp, total=total, model=model),
         tensors=tuple(tensors),
         layer_ids=layer_ids,
         dtype=dtype,
+        kind=kind,
     )
     expected_tensors = {
         AddressingMode.SGLANG: 2 * result.num_layer,

@@ -1,0 +1,197 @@
+"""vLLM 0.33 general plugin: make ``FlexKVConnectorV1`` construct, and register only what FlexKV reads right.
+
+Entry point ``flexkv_adapter`` in group ``vllm.general_plugins``; vLLM calls :func:`install` in the
+engine core and in every worker, without a ``try``. So ``install`` never raises, logs at DEBUG only,
+imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexKVConnectorV1``:
+
+- ``__init__`` keeps ``kv_cache_config`` (vLLM drops it before FlexKV sees it) in a context variable
+  and, at the first construction, replaces FlexKV's ``_configure_kv_layout_from_vllm_backend``
+  (which calls the ``get_kv_cache_shape`` vLLM 0.33 backends no longer have) with one that reads the
+  KV cache spec: ``kv_dim=1``, ``head_size`` = the packed [K | V] cell, heads 1 for MLA and per rank
+  x TP otherwise;
+- ``register_kv_caches`` plans the dict (:func:`~flexkv_adapter.flexkv.vllm_plan.plan_vllm`) and
+  registers that plan with FlexKV's TP client; a refusal fails start-up with the adapter's message;
+- ``get_required_kvcache_layout`` states LBNHC (used when ``VLLM_KV_CACHE_LAYOUT`` is unset and the
+  attention backend supports it).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import AdapterError, NotAddressableError
+from ..layout import ViewKind
+
+logger = logging.getLogger(__name__)
+
+PREFERRED_LAYOUT = "LBNHC"
+_CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector"
+_FLEXKV_CONFIG_MODULE = "flexkv.integration.config"
+_MARK = "_flexkv_adapter_installed"
+_kv_cache_config: contextvars.ContextVar[Any] = contextvars.ContextVar("flexkv_adapter_kv_cache_config", default=None)
+
+
+def install() -> None:
+    """vLLM general-plugin hook: patch ``FlexKVConnectorV1`` (idempotent; never raises)."""
+    try:
+        import importlib
+
+        module = importlib.import_module(_CONNECTOR_MODULE)
+        _patch_connector(module.FlexKVConnectorV1)
+    except Exception as exc:  # vLLM absent or changed: leave it as it is
+        logger.debug("flexkv_adapter vLLM plugin not installed: %s", exc)
+
+
+def _patch_connector(cls: Any) -> None:
+    if cls.__dict__.get(_MARK):
+        return
+    original_init, original_register = cls.__init__, cls.register_kv_caches
+
+    @functools.wraps(original_init)
+    def __init__(
+        self: Any, vllm_config: Any, role: Any, kv_cache_config: Any = None, *args: Any, **kwargs: Any
+    ) -> None:
+        _patch_flexkv_config()
+        token = _kv_cache_config.set(kv_cache_config)
+        try:
+            original_init(self, vllm_config, role, kv_cache_config, *args, **kwargs)
+        finally:
+            _kv_cache_config.reset(token)
+
+    @functools.wraps(original_register)
+    def register_kv_caches(self: Any, kv_caches: dict[str, torch.Tensor]) -> None:
+        worker = self._flexkv_connector.connector
+        facts = spec_facts(self._kv_cache_config)
+        tp_size = int(self._vllm_config.parallel_config.tensor_parallel_size)
+        p, indexer = _plan(kv_caches, facts, tp_size)  # refuse before FlexKV sees the dict
+        flexkv_block = getattr(
+            getattr(getattr(worker, "flexkv_config", None), "cache_config", None), "tokens_per_block", None
+        )
+        if flexkv_block is not None and flexkv_block != p.tokens_per_block:
+            raise AdapterError(
+                f"flexkv_adapter: FlexKV counts {flexkv_block}-token blocks (vLLM's cache_config.block_size) but "
+                f"the KV cache spec's block is {p.tokens_per_block} tokens; FlexKV's block ids would address the "
+                f"wrong bytes"
+            )
+        if indexer and not _flexkv_reads_it_alike(p, kv_caches):
+            raise NotAddressableError(
+                f"flexkv_adapter: {p} needs the adapter's registration, which does not carry DeepSeek-V3.2 indexer "
+                f"caches ({', '.join(indexer[:2])}, ...); set VLLM_KV_CACHE_LAYOUT=LBNHC and a --block-size equal "
+                f"to the attention kernel's block size"
+            )
+        if not indexer:  # with indexer entries FlexKV's own registration (which splits them off) is the same plan
+            worker.register_to_server = types.MethodType(
+                functools.partial(_register, facts=facts, tp_size=tp_size), worker
+            )
+        original_register(self, kv_caches)
+
+    def get_required_kvcache_layout(cls: Any, vllm_config: Any) -> str:
+        return PREFERRED_LAYOUT
+
+    cls.__init__ = __init__
+    cls.register_kv_caches = register_kv_caches
+    cls.get_required_kvcache_layout = classmethod(get_required_kvcache_layout)
+    setattr(cls, _MARK, True)
+    logger.debug("flexkv_adapter: patched %s", cls.__qualname__)
+
+
+def _patch_flexkv_config() -> None:
+    """Replace FlexKV's backend-shape probe with the spec reader (FlexKV imported here, lazily)."""
+    import importlib
+
+    try:
+        config_cls = importlib.import_module(_FLEXKV_CONFIG_MODULE).FlexKVConfig
+    except ImportError:
+        return  # vLLM's own constructor reports the missing FlexKV
+    if config_cls.__dict__.get(_MARK):
+        return
+    original = config_cls._configure_kv_layout_from_vllm_backend
+
+    @functools.wraps(original)
+    def configure(self: Any, vllm_config: Any, vllm_kv_cache_dtype: Any) -> None:
+        kv_cache_config = _kv_cache_config.get()
+        if kv_cache_config is None:  # built outside vLLM's FlexKVConnectorV1: FlexKV's own way
+            return original(self, vllm_config, vllm_kv_cache_dtype)  # type: ignore[no-any-return]
+        facts = spec_facts(kv_cache_config)
+        model = self.model_config
+        model.num_kv_heads = 1 if facts["kind"] == "mla" else facts["heads"] * int(model.tp_size)
+        model.head_size = facts["content"]
+        model.kv_dim = 1
+        logger.debug("flexkv_adapter: FlexKV layout from the KV cache spec: %s", facts)
+        return None
+
+    config_cls._configure_kv_layout_from_vllm_backend = configure
+    setattr(config_cls, _MARK, True)
+
+
+def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
+    """Kind, heads per rank, packed cell width and manager block size from vLLM's one KV cache group."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if len(groups) != 1:
+        raise AdapterError(
+            f"flexkv_adapter: FlexKV registers one KV cache group; vLLM made {len(groups)} (hybrid models need "
+            f"HMA, which FlexKVConnectorV1 does not support)"
+        )
+    spec = groups[0].kv_cache_spec
+    per_layer = getattr(spec, "kv_cache_specs", None)
+    if isinstance(per_layer, Mapping) and per_layer:  # one spec per layer: take an attention layer's
+        spec = next((v for n, v in per_layer.items() if not str(n).endswith(".k_cache")), spec)
+    padding = {n: getattr(spec, n, None) for n in ("page_size_padded", "state_content_bytes", "num_head_slots")}
+    padding = {n: v for n, v in padding.items() if v is not None}
+    if padding:
+        raise NotAddressableError(
+            f"flexkv_adapter: the KV cache spec {type(spec).__name__} has padded or quantized pages ({padding}); "
+            f"FlexKV layouts have no block padding, so FlexKV cannot address them. Use an unquantized, unpadded "
+            f"KV cache (kv_cache_dtype auto) with FlexKVConnectorV1"
+        )
+    kind: ViewKind = "mla" if any(c.__name__ == "MLAAttentionSpec" for c in type(spec).__mro__) else "mha"
+    head_size_v = getattr(spec, "head_size_v", None)
+    content = int(spec.head_size) + (int(head_size_v) if head_size_v is not None else int(spec.head_size))
+    return {"kind": kind, "heads": int(spec.num_kv_heads), "content": content, "block_size": int(spec.block_size)}
+
+
+def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int) -> tuple[Any, list[str]]:
+    """The adapter's plan of the main KV caches, and the indexer entries left out of it."""
+    from ..flexkv.vllm_plan import plan_vllm
+    from ..vllm_layout import INDEXER_SUFFIX
+
+    indexer = [n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX)]
+    main = {n: t for n, t in kv_caches.items() if n not in indexer}
+    # FlexKV's vLLM ModelConfig counts heads per rank x TP (what the spec reader sets): say so for MHA
+    total = None if facts["kind"] == "mla" else facts["heads"] * tp_size
+    p = plan_vllm(
+        main,
+        kind=facts["kind"],
+        block_size=facts["block_size"],
+        tp_size=tp_size,
+        total_kv_heads=total,
+        content=facts["content"],
+    )
+    return p, indexer
+
+
+def _flexkv_reads_it_alike(p: Any, kv_caches: Mapping[str, torch.Tensor]) -> bool:
+    """FlexKV's own 4-D registration (LAYERFIRST, heads = shape[1], tokens = shape[2]) equals the plan."""
+    first = next(t for n, t in kv_caches.items() if not str(n).endswith(".k_cache"))
+    return bool(
+        p.type.value == "LAYERFIRST"
+        and p.num_kv_heads == p.num_head == first.shape[1]
+        and p.tokens_per_block == first.shape[2]
+    )
+
+
+def _register(
+    worker: Any, kv_caches: Mapping[str, torch.Tensor], *, facts: dict[str, Any], tp_size: int, resume: bool = False
+) -> None:
+    """FlexKVWorkerConnector.register_to_server, registering the adapter's plan (also on wake)."""
+    p, _ = _plan(kv_caches, facts, tp_size)
+    worker.tp_client.register_to_server(kv_caches=list(p.tensors), kv_layout=p.to_flexkv(), resume=resume)
+    worker._registered_kv_caches = dict(kv_caches)
+    logger.debug("flexkv_adapter: registered %s", p)

@@ -1,0 +1,109 @@
+"""vLLM 0.33-style per-layer views over one buffer, generated for every layout and size (no vLLM needed).
+
+The views are built as vLLM 0.33 builds them: a permuted [L, B, H, N, C] backing, one [B, H, N, C]
+view per layer, kernel blocks splitting a manager block. Whatever plan() accepts, FlexKV's address
+model must read byte for byte; what must be accepted is accepted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flexkv_adapter import AmbiguousLayoutError, MLAView, NotAddressableError, adapt
+from flexkv_adapter.flexkv import plan
+from flexkv_adapter.flexkv.vllm_plan import plan_vllm
+from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
+
+from .helpers import flexkv_worker_read
+
+
+def views(layout: str, layers: int, blocks: int, heads: int, tokens: int, content: int, dtype=torch.bfloat16):
+    order = LAYOUTS[layout]
+    extents = (layers, blocks, heads, tokens, content)
+    raw = torch.randint(0, 256, (layers * blocks * heads * tokens * content * dtype.itemsize,), dtype=torch.uint8)
+    physical = raw.view(dtype).view(*(extents[a] for a in order))
+    logical = physical.permute(*(order.index(a) for a in range(5)))
+    return {f"model.layers.{i}.attn": logical[i] for i in range(layers)}
+
+
+def chunk_bytes(view: torch.Tensor, block: int, tokens: int) -> bytes:
+    ratio = tokens // view.shape[2]
+    part = view[block * ratio : (block + 1) * ratio].permute(0, 2, 1, 3).reshape(tokens, view.shape[1], view.shape[3])
+    return bytes(part.contiguous().view(torch.uint8).flatten().tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layout=st.sampled_from(sorted(LAYOUTS)),
+    layers=st.integers(1, 3),
+    blocks=st.integers(1, 4),
+    heads=st.integers(1, 3),
+    tokens=st.sampled_from([1, 2, 4]),
+    content=st.sampled_from([4, 8, 12]),
+    ratio=st.sampled_from([1, 2]),
+)
+def test_whatever_is_accepted_is_read_byte_for_byte(layout, layers, blocks, heads, tokens, content, ratio):
+    if layout.startswith("B") and ratio > 1:
+        ratio = 1  # vLLM never splits block-outermost layouts into kernel blocks
+    kv_caches = views(layout, layers, blocks * ratio, heads, tokens, content)
+    kind = "mha" if heads > 1 else "mla"
+    try:
+        p = plan_vllm(kv_caches, kind=kind, block_size=tokens * ratio)
+    except NotAddressableError as exc:
+        assert "VLLM_KV_CACHE_LAYOUT" in str(exc)
+        addressable = heads == 1 or layout in ("LBNHC", "BLNHC")  # blocks are token-major runs of bytes
+        assert not addressable, f"refused an addressable {layout} cache: {exc}"
+        return
+    assert p.num_block == blocks and p.tokens_per_block == tokens * ratio
+    for layer, view in enumerate(kv_caches.values()):
+        for block in range(blocks):
+            got = flexkv_worker_read(p.layout_fields(), list(p.tensors), layer, 0, block)
+            assert got == chunk_bytes(view, block, tokens * ratio), (layer, block)
+
+
+def test_one_head_at_tp2_needs_the_kind_and_multi_head_mla_is_inconsistent():
+    one_head = views("LBNHC", 2, 3, 1, 4, 8)
+    with pytest.raises(AmbiguousLayoutError, match="kind="):
+        plan(one_head, tp_size=2, page_size=4)
+    assert plan(one_head, page_size=4).num_kv_heads == 1  # one rank: both readings register the same
+    with pytest.raises(ValueError, match="one"):
+        plan(views("LBNHC", 2, 3, 2, 4, 8), kind="mla", page_size=4)
+
+
+def test_views_that_are_not_one_vllm_layout_are_refused():
+    raw = torch.zeros(4096, dtype=torch.bfloat16)
+    page = 4 * 2 * 8  # tokens x heads x C, padded to page + 8 elements per block
+    padded = {f"l.{i}": raw.as_strided((3, 2, 4, 8), (page + 8, 8, 16, 1), i * 3 * (page + 8)) for i in range(2)}
+    with pytest.raises(NotAddressableError, match="padd"):
+        plan(padded, page_size=4)
+    uneven = {f"l.{i}": raw.as_strided((3, 2, 4, 8), (page, 8, 16, 1), off) for i, off in enumerate((0, 200, 1000))}
+    with pytest.raises(NotAddressableError, match="evenly"):
+        plan(uneven, page_size=4)
+
+
+def test_legacy_five_dim_and_separate_tensors_do_not_take_the_vllm_033_path():
+    legacy = {f"l.{i}": torch.zeros(2, 3, 4, 2, 8) for i in range(2)}
+    assert not is_vllm_dict(legacy)
+    separate = {f"l.{i}": torch.zeros(3, 2, 4, 8) for i in range(2)}
+    assert not is_vllm_dict(separate)
+    sliced = torch.zeros(2, 2, 6, 1, 8)  # [L, KV, rows, heads, dim], one layer per entry
+    kv = {f"l.{i}": sliced[i] for i in range(2)}
+    with pytest.raises(AmbiguousLayoutError, match="axes='KV N H D'"):
+        plan(kv, page_size=2)
+    assert plan(kv, page_size=2, axes="KV N H D").num_layer == 2
+
+
+def test_adapt_gives_an_aliasing_mla_view_for_layer_outermost_mla_and_refuses_the_rest():
+    kv_caches = views("LHBNC", 3, 4, 1, 2, 8)  # 2-token kernel blocks, 4-token manager blocks
+    view = adapt(kv_caches, page_size=4, kind="mla")
+    assert isinstance(view, MLAView) and (view.num_blocks, view.page_size, view.layer_ids) == (2, 4, [0, 1, 2])
+    layer = kv_caches["model.layers.1.attn"]
+    view.kv_buffer[1][5].fill_(9)  # manager block 1, token 1 = kernel block 2, token 1
+    assert torch.equal(layer[2, 0, 1].view(torch.int16), torch.full((8,), 9, dtype=layer.dtype).view(torch.int16))
+    with pytest.raises(NotAddressableError, match="BLOCKFIRST"):
+        adapt(views("BLNHC", 3, 4, 1, 2, 8), page_size=2, kind="mla")
+    with pytest.raises(NotAddressableError, match=r"\[K \| V\]"):
+        adapt(views("LBNHC", 3, 4, 2, 2, 8), page_size=2)
