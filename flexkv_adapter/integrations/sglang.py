@@ -39,6 +39,7 @@ PLUGIN_NAME = "flexkv_adapter"
 OPT_IN_ENV = "FLEXKV_ADAPTER_SGLANG"
 IN_TREE_CONNECTOR = "sglang.srt.mem_cache.storage.flexkv.flexkv_connector.FlexKVConnector"
 FLEXKV_CONNECTOR = "flexkv.integration.sglang.connector.FlexKVConnector"
+IN_TREE_MODULE = IN_TREE_CONNECTOR.rsplit(".", 1)[0]
 CREATE_PROCESS = "flexkv.transfer_manager.TransferManagerOnRemote.create_process"
 PREFIX = "flexkv_adapter (SGLang plugin)"
 
@@ -114,9 +115,10 @@ def adapt_pool(pool: object, page_size: int, kind: str) -> PoolView:
 
 
 def _before_init(settings: AdapterSettings, target: str) -> Callable[..., Any]:
-    in_tree = target == IN_TREE_CONNECTOR
-
     def before_init(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # The skew check is for SGLang's own copy only; a release whose in-tree name re-exports FlexKV's class
+        # is FlexKV's connector and must not be refused for it.
+        in_tree = bool(args) and any(c.__module__ == IN_TREE_MODULE for c in type(args[0]).__mro__)
         kwargs["kvcache"] = prepare_kvcache(settings, target, in_tree, kwargs)
         return args, kwargs
 

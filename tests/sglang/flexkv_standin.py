@@ -209,38 +209,17 @@ class _KVTPClient:
 
 
 class OldKVTPClient(_KVTPClient):
-    def register_to_server(
-        self, kv_caches, kv_layout, override_device_id=None, indexer_buffers=None, indexer_layout=None
-    ):
-        CALLS.append(
-            (
-                "register_to_server",
-                dict(
-                    kv_caches=list(kv_caches),
-                    kv_layout=kv_layout,
-                    indexer_buffers=indexer_buffers,
-                    indexer_layout=indexer_layout,
-                ),
-            )
-        )
+    def register_to_server(self, kv_caches, kv_layout, override_device_id=None, indexer_buffers=None,
+                           indexer_layout=None):  # fmt: skip
+        record = dict(indexer_buffers=indexer_buffers, indexer_layout=indexer_layout)
+        CALLS.append(("register_to_server", dict(kv_caches=list(kv_caches), kv_layout=kv_layout, **record)))
 
 
 class CurrentKVTPClient(_KVTPClient):
-    def register_to_server(
-        self,
-        kv_caches,
-        kv_layout,
-        override_device_id=None,
-        layer_groups=None,
-        gpu_layouts=None,
-        handles_per_group=None,
-        swa_caches=None,
-        swa_layout=None,
-        swa_layer_groups=None,
-        swa_gpu_layouts=None,
-        swa_handles_per_group=None,
-        resume=False,
-    ):
+    """34ab141's signature (its swa_* keywords, unused by these connectors' standard path, left out)."""
+
+    def register_to_server(self, kv_caches, kv_layout, override_device_id=None, layer_groups=None,
+                           gpu_layouts=None, handles_per_group=None, resume=False):  # fmt: skip
         CALLS.append(("register_to_server", dict(kv_caches=list(kv_caches), kv_layout=kv_layout)))
 
 
@@ -273,21 +252,8 @@ class TransferManagerOnRemote:
 class OwnFlexKVConnector:
     """FlexKV's own SGLang connector (current shape), reduced to what reaches FlexKV at construction."""
 
-    def __init__(
-        self,
-        *,
-        sgl_model_config,
-        server_args,
-        page_size,
-        kvcache,
-        tp_rank,
-        dp_rank,
-        pp_rank,
-        attn_cp_rank,
-        pp_group=None,
-        attn_tp_group=None,
-        attn_cp_group=None,
-    ):
+    def __init__(self, *, sgl_model_config, server_args, page_size, kvcache, tp_rank, dp_rank, pp_rank,
+                 attn_cp_rank, pp_group=None, attn_tp_group=None, attn_cp_group=None):  # fmt: skip
         self.page_size = int(page_size)
         config = FlexKVConfig.from_env()
         self.rank_info = config.post_init_from_sglang_config(
