@@ -31,7 +31,14 @@ from ..hybrid import HybridPoolError
 from ..settings import AdapterSettings, load_settings
 from ..views import PoolView
 from .external_remote import ExternalRemote, wait_for_start_remote
-from .sglang_checks import check_view, connector_facts, hybrid_message, installed_flexkv_api, skew_error
+from .sglang_checks import (
+    check_pool_kind,
+    check_view,
+    connector_facts,
+    hybrid_message,
+    installed_flexkv_api,
+    skew_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +104,7 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
             if view.kind != facts.kind:
                 raise AdapterError(f"{pool!r} is an {view.kind.upper()} view but the model is {facts.kind.upper()}")
         else:
+            check_pool_kind(pool, facts)
             try:
                 view = adapt_pool(pool, page_size, facts.kind)
             except HybridPoolError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AdapterError, InconsistentLayersError
-from ..hybrid import detect, scale_groups
+from ..hybrid import detect, pool_kind, scale_groups
 from ..layout import ViewKind
 from ..views import PoolView
 
@@ -85,6 +85,7 @@ class ConnectorFacts:
     """What the connector will tell FlexKV, derived from the model config and server arguments."""
 
     kind: ViewKind
+    kind_reason: str
     stage_layers: int
     stage: str
     total_kv_heads: int | None
@@ -92,12 +93,14 @@ class ConnectorFacts:
     kv_heads_is_shared_switch: bool  # current FlexKV: a registered head count of 1 means "same KV on every rank"
 
 
-def model_is_mla(model_config: Any, api: FlexKVApi) -> bool:
+def model_kind(model_config: Any, api: FlexKVApi) -> tuple[ViewKind, str]:
     """FlexKV's own rule: ``attention_arch == MLA`` while ModelConfig.use_mla existed, else ``qk_nope_head_dim``."""
     if api.model_use_mla:
         arch = getattr(model_config, "attention_arch", None)
-        return getattr(arch, "name", arch) == "MLA"
-    return hasattr(model_config, "qk_nope_head_dim")
+        name = getattr(arch, "name", arch)
+        return ("mla" if name == "MLA" else "mha"), f"the model's attention_arch is {name}"
+    has = hasattr(model_config, "qk_nope_head_dim")
+    return ("mla" if has else "mha"), f"the model config {'has' if has else 'has no'} qk_nope_head_dim"
 
 
 def _total_kv_heads(model_config: Any, tp_size: int) -> int | None:
@@ -127,15 +130,28 @@ def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: Flex
     tp = int(getattr(server_args, "tp_size", 1) or 1)
     dp = int(getattr(server_args, "dp_size", 1) or 1) if getattr(server_args, "enable_dp_attention", False) else 1
     cp = int(getattr(server_args, "attn_cp_size", 1) or 1)
-    mla = model_is_mla(model_config, api)
+    kind, why = model_kind(model_config, api)
+    mla = kind == "mla"
     return ConnectorFacts(
-        kind="mla" if mla else "mha",
+        kind=kind,
+        kind_reason=why,
         stage_layers=end - start,
         stage=f"layers {start}..{end - 1} of num_hidden_layers={layers}, pp rank {pp_rank} of {pp_size}",
         total_kv_heads=1 if mla else _total_kv_heads(model_config, tp),
         attn_tp_size=max(1, tp // (dp * cp)),
         kv_heads_is_shared_switch=not api.layout_is_mla,
     )
+
+
+def check_pool_kind(pool: object, facts: ConnectorFacts) -> None:
+    """A plain pool whose buffers FlexKV would pick as the other kind than the model's."""
+    found = pool_kind(pool)
+    if found is not None and found != facts.kind and detect(pool) is None:
+        attrs = "kv_buffer" if found == "mla" else "k_buffer/v_buffer"
+        raise InconsistentLayersError(
+            f"{type(pool).__name__} is an {found.upper()} pool ({attrs}) but FlexKV treats the model as "
+            f"{facts.kind.upper()} ({facts.kind_reason}); the pool does not belong to this model"
+        )
 
 
 def check_view(view: PoolView, facts: ConnectorFacts, page_size: int) -> None:

@@ -152,7 +152,7 @@ def test_swa_pool_for_an_mla_model_is_the_seed_error(sglang_env, models):
         (lambda: mha_pool(layers=3), {"pp_size": 2}, 16, "num_layer=1 \\(layers 0..0 of num_hidden_layers=3"),
         (mha_pool, {}, 32, "page_size=32 contradicts pool.page_size=16"),
         (lambda: mha_pool(head_num=4), {"tp_size": 2}, 16, "4 KV heads per rank at attention TP size 2"),
-        (mla_pool, {}, 16, "sglang-mha|MLA"),
+        (mla_pool, {}, 16, "MLATokenToKVPool is an MLA pool \\(kv_buffer\\) but FlexKV treats the model as MHA"),
     ],
     ids=["layers", "pp-stage", "page-size", "heads", "kind"],
 )
