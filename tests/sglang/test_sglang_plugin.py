@@ -13,6 +13,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError, InconsistentLayersError, SettingsError
 from flexkv_adapter.hybrid import HybridPoolError
@@ -198,3 +200,33 @@ def test_settings_that_fail_to_load_stop_the_connector(sglang_env, models):
     with pytest.raises(SettingsError, match="(?s)loading its settings.*remote='exernal'"):
         build(mha_pool(), models["llama"])
     assert not fk.calls("create_process") and not fk.calls("KVManager")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layers=st.integers(1, 4),
+    heads=st.sampled_from([1, 2, 4, 8]),
+    page=st.sampled_from([1, 8, 16]),
+    size=st.integers(16, 80),
+    tp=st.sampled_from([1, 2, 4]),
+    stage=st.sampled_from([(0, 1), (0, 2), (1, 2), (2, 3)]),
+)
+def test_any_geometry_is_registered_correctly_or_refused(sglang_env, models, layers, heads, page, size, tp, stage):
+    """The model has 3 layers and 4 KV heads: the pool reaches FlexKV exactly when FlexKV reads it right."""
+    from sglang.srt.distributed.utils import get_pp_indices
+
+    pp_rank, pp = stage
+    sglang_env.use("current")
+    sglang_env.load()
+    fk.CALLS.clear()
+    first, end = get_pp_indices(3, pp_rank, pp)
+    pool = mha_pool(layers=layers, start_layer=first, size=size, head_num=heads, page_size=page)
+    readable = layers == end - first and heads * tp == 4 and not (heads == 1 and tp > 1)
+    event("readable" if readable else "refused")
+    try:
+        build(pool, models["llama"], module=OWN_MODULE, page_size=page, pp_rank=pp_rank, pp_size=pp, tp_size=tp)
+    except AdapterError:
+        assert not readable and not fk.calls("register_to_server")
+        return
+    assert readable
+    assert_registered_as_pool([pool.k_buffer, pool.v_buffer], page_size=page)
