@@ -1,4 +1,7 @@
-"""The real-SGLang tier: builds SGLang's own pool classes on CPU. Skips (visibly) without sglang.
+"""The real-SGLang tier: SGLang's own pool classes, plugin loader and FlexKV connector on CPU.
+
+Skips (visibly) without sglang. The ``sglang_env`` fixture gives each plugin test a clean hook
+registry and, on request, a FlexKV stand-in of one API shape on ``sys.path``.
 
 Install with ``bash scripts/install_sglang_cpu.sh`` (a separate .venv-sglang); ``scripts/test.sh``
 runs this tier there.

@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -155,8 +156,9 @@ def test_swa_pool_for_an_mla_model_is_the_seed_error(sglang_env, models):
         (mha_pool, {}, 32, "page_size=32 contradicts pool.page_size=16"),
         (lambda: mha_pool(head_num=4), {"tp_size": 2}, 16, "4 KV heads per rank at attention TP size 2"),
         (mla_pool, {}, 16, "MLATokenToKVPool is an MLA pool \\(kv_buffer\\) but FlexKV treats the model as MHA"),
+        (lambda: SimpleNamespace(page_size=16), {}, 16, "no recogniser found FlexKV-ready KV buffers"),
     ],
-    ids=["layers", "pp-stage", "page-size", "heads", "kind"],
+    ids=["layers", "pp-stage", "page-size", "heads", "kind", "unrecognised"],
 )
 def test_mismatches_with_the_connector_are_refused(sglang_env, models, pool, server, page_size, match):
     sglang_env.use("old")
