@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import AdapterError
+from ..errors import AdapterError, SettingsError
 from ..hybrid import HybridPoolError
 from ..settings import AdapterSettings, load_settings
 from ..views import PoolView
@@ -166,7 +166,9 @@ def install() -> None:
     connectors = [t for t in (IN_TREE_CONNECTOR, FLEXKV_CONNECTOR) if module_exists(t.rsplit(".", 1)[0])]
     try:
         settings = load_settings()
-    except AdapterError as exc:
+    except Exception as exc:  # also a malformed YAML file, which load_settings lets through as yaml's error
+        if not isinstance(exc, AdapterError):
+            exc = SettingsError(f"cannot read the settings: {type(exc).__name__}: {exc}")
         logger.error("%s: settings failed to load; FlexKV connectors will refuse to start: %s", PREFIX, exc)
         for target in connectors:
             HookRegistry.register(f"{target}.__init__", _refuse_settings(exc), HookType.BEFORE)

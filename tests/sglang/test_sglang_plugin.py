@@ -196,10 +196,19 @@ def test_in_tree_connector_on_current_flexkv_is_refused_at_once(sglang_env, mode
     assert not fk.calls("KVManager")
 
 
-def test_settings_that_fail_to_load_stop_the_connector(sglang_env, models):
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"FLEXKV_ADAPTER_REMOTE": "exernal"}, "(?s)loading its settings.*remote='exernal'"),
+        ({"FLEXKV_ADAPTER_CONFIG": "{yaml}"}, "(?s)loading its settings.*cannot read the settings: ParserError"),
+    ],
+    ids=["bad-value", "malformed-yaml"],
+)
+def test_settings_that_fail_to_load_stop_the_connector(sglang_env, models, tmp_path, env, match):
+    (tmp_path / "bad.yaml").write_text("remote: [external\n")
     sglang_env.use("old")
-    sglang_env.load(FLEXKV_ADAPTER_REMOTE="exernal")
-    with pytest.raises(SettingsError, match="(?s)loading its settings.*remote='exernal'"):
+    sglang_env.load(**{k: v.format(yaml=tmp_path / "bad.yaml") for k, v in env.items()})
+    with pytest.raises(SettingsError, match=match):
         build(mha_pool(), models["llama"])
     assert not fk.calls("create_process") and not fk.calls("KVManager")
 
