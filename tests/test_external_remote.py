@@ -144,3 +144,11 @@ def unused_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_local_endpoint_is_not_asked_through_a_proxy(health, monkeypatch):
+    tracker, port = health
+    tracker.set(State.WAITING_FOR_GPUS)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # a proxy that refuses everything
+    monkeypatch.setenv("no_proxy", "")
+    assert isinstance(_wait(health_port=port, remote_absent_s=2), ExternalRemote)

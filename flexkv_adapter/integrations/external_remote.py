@@ -81,14 +81,20 @@ class ExternalRemote:
 
 
 def _client_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    if host in ("0.0.0.0", "", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+# The endpoint is on this node: never through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def probe_health(host: str, port: int, timeout_s: float) -> Probe:
     """GET start_remote's health endpoint; it answers 503 with the same JSON body until ready."""
     url = f"http://{_client_host(host)}:{port}/"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with _OPENER.open(url, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
         body = exc.read()
