@@ -77,11 +77,25 @@ def test_nothing_listening_names_start_remote_within_the_absent_deadline(unused_
     assert time.monotonic() - start < 3
 
 
-def test_a_start_remote_serving_another_master_is_refused(health):
+@pytest.mark.parametrize(
+    ("host", "ports", "refused"),
+    [("10.0.0.1", ("6000", "6001", "6002"), True), ("10.0.0.2", PORTS, True), ("10.0.0.1", PORTS, False)],
+)
+def test_a_start_remote_serving_another_master_is_refused(health, host, ports, refused):
     tracker, port = health
     tracker.set(State.READY)
+    if not refused:
+        assert isinstance(wait_for_start_remote(load_settings(health_port=port), host, ports), ExternalRemote)
+        return
     with pytest.raises(ExternalRemoteError, match="serves master 10.0.0.1:5556 but the engine's FlexKV uses"):
-        wait_for_start_remote(load_settings(health_port=port), "10.0.0.1", ("6000", "6001", "6002"))
+        wait_for_start_remote(load_settings(health_port=port), host, ports)
+
+
+def test_master_names_are_compared_by_address():
+    from flexkv_adapter.integrations.external_remote import _same_host
+
+    assert _same_host("localhost", "127.0.0.1") and not _same_host("10.0.0.1", "10.0.0.2")
+    assert _same_host("no-such-host.invalid", "10.0.0.1")  # cannot tell: not refused on a guess
 
 
 def test_without_health_port_or_ready_file_it_refuses_before_waiting():

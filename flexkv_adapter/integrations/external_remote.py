@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -202,15 +203,31 @@ def _first_port(ports: Any) -> str:
 
 
 def _check_master(probe: Probe, expected: str) -> None:
-    """start_remote must serve the master this engine registers with (a port mismatch is unambiguous)."""
+    """start_remote must serve the master this engine registers with, or the registration goes nowhere."""
     if probe.master is None:
         return
-    port = probe.master.rpartition(":")[2]
-    if port != expected.rpartition(":")[2]:
+    host, _, port = probe.master.rpartition(":")
+    want_host, _, want_port = expected.rpartition(":")
+    if port != want_port or not _same_host(host, want_host):
         raise ExternalRemoteError(
-            f"start_remote serves master {probe.master} but the engine's FlexKV uses {expected}; "
-            f"set the same master_ports (FLEXKV_MASTER_PORTS) for both"
+            f"start_remote serves master {probe.master} but the engine's FlexKV uses {expected} (its host from "
+            f"--dist-init-addr, its ports from FLEXKV_MASTER_PORTS); give both the same master"
         )
+
+
+def _addresses(host: str) -> set[str]:
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Equal names, or names resolving to a common address; unresolvable names are not judged."""
+    if a == b:
+        return True
+    found_a, found_b = _addresses(a), _addresses(b)
+    return not found_a or not found_b or bool(found_a & found_b)
 
 
 __all__ = [
