@@ -13,7 +13,9 @@ Two API shapes, written from FlexKV's code (no code copied):
 :func:`build_tree` writes an importable ``flexkv`` package of one shape whose modules re-export
 these classes, so module lookups (``find_spec``) behave as with a real install. Every call that
 crosses into FlexKV is appended to :data:`CALLS`. Left out on purpose: the CUDA check of
-``register_to_server`` (tests run on CPU) and the sockets behind it.
+``register_to_server`` (tests run on CPU), the sockets behind it, and ``ModelConfig.freeze()``'s
+"total GPUs divisible by nnodes" check (a two-node TP group needs ranks one process cannot hold;
+the node-1 tests run one rank with ``nnodes=2``).
 """
 
 from __future__ import annotations
