@@ -90,6 +90,7 @@ class ConnectorFacts:
     stage_layers: int
     stage: str
     total_kv_heads: int | None
+    head_size: int | None  # what FlexKV's ModelConfig sizes its CPU blocks with (None: not derived here)
     attn_tp_size: int
     kv_heads_is_shared_switch: bool  # current FlexKV: a registered head count of 1 means "same KV on every rank"
 
@@ -119,6 +120,22 @@ def _total_kv_heads(model_config: Any, tp_size: int) -> int | None:
     return heads if isinstance(heads, int) and heads > 0 else None
 
 
+def _int(model_config: Any, name: str) -> int:
+    value = getattr(model_config, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _head_size(model_config: Any, mla: bool) -> int | None:
+    """FlexKV's head_size for the model; None for NSA indexer models, whose fp8 formula is not mirrored here."""
+    if getattr(model_config, "index_head_dim", None) is not None:
+        return None
+    if not mla:
+        return _int(model_config, "head_dim") or None
+    rope = _int(model_config, "qk_rope_head_dim")
+    latent = _int(model_config, "kv_lora_rank") or _int(model_config, "qk_nope_head_dim")
+    return latent + rope or None
+
+
 def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: FlexKVApi) -> ConnectorFacts:
     layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
     if layers <= 0:
@@ -139,6 +156,7 @@ def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: Flex
         stage_layers=end - start,
         stage=f"layers {start}..{end - 1} of num_hidden_layers={layers}, pp rank {pp_rank} of {pp_size}",
         total_kv_heads=1 if mla else _total_kv_heads(model_config, tp),
+        head_size=_head_size(model_config, mla),
         attn_tp_size=max(1, tp // (dp * cp)),
         kv_heads_is_shared_switch=not api.layout_is_mla,
     )
@@ -166,6 +184,17 @@ def check_view(view: PoolView, facts: ConnectorFacts, page_size: int) -> None:
     if view.page_size != page_size:
         raise InconsistentLayersError(
             f"{pool}: the view's page size {view.page_size} differs from the connector's page_size={page_size}"
+        )
+    dims = {t.shape[2] for t in view.tensors()}
+    if len(dims) != 1:
+        raise InconsistentLayersError(
+            f"{pool}: K and V head dims differ ({sorted(dims)}); FlexKV's connector registers K's head size for "
+            f"both and would misread V"
+        )
+    if facts.head_size is not None and dims != {facts.head_size}:
+        raise InconsistentLayersError(
+            f"{pool} holds rows of {dims.pop()} elements per head but FlexKV sizes its blocks for head_size="
+            f"{facts.head_size} from the model config; the pool does not match this model"
         )
     if facts.kind != "mha":
         return

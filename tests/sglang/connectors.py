@@ -30,13 +30,14 @@ def build(pool, model, module=IN_TREE_MODULE, page_size=16, pp_rank=0, **server)
     )
 
 
-def mha_pool(layers=3, start_layer=None, size=72, head_num=4, page_size=16):
+def mha_pool(layers=3, start_layer=None, size=72, head_num=4, page_size=16, head_dim=8, v_head_dim=None):
     pool = mp().MHATokenToKVPool(
         size=size,
         page_size=page_size,
         dtype=torch.bfloat16,
         head_num=head_num,
-        head_dim=8,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
         layer_num=layers,
         start_layer=start_layer,
         **KW,

@@ -157,8 +157,10 @@ def test_swa_pool_for_an_mla_model_is_the_seed_error(sglang_env, models):
         (lambda: mha_pool(head_num=4), {"tp_size": 2}, 16, "4 KV heads per rank at attention TP size 2"),
         (mla_pool, {}, 16, "MLATokenToKVPool is an MLA pool \\(kv_buffer\\) but FlexKV treats the model as MHA"),
         (lambda: SimpleNamespace(page_size=16), {}, 16, "no recogniser found FlexKV-ready KV buffers"),
+        (lambda: mha_pool(head_dim=16), {}, 16, "16 elements per head but FlexKV sizes its blocks for head_size=8"),
+        (lambda: mha_pool(v_head_dim=4), {}, 16, "K and V head dims differ \\(\\[4, 8\\]\\)"),
     ],
-    ids=["layers", "pp-stage", "page-size", "heads", "kind", "unrecognised"],
+    ids=["layers", "pp-stage", "page-size", "heads", "kind", "unrecognised", "head-size", "v-head-dim"],
 )
 def test_mismatches_with_the_connector_are_refused(sglang_env, models, pool, server, page_size, match):
     sglang_env.use("old")
