@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -215,11 +216,13 @@ def _check_master(probe: Probe, expected: str) -> None:
         )
 
 
-def _addresses(host: str) -> set[str]:
+@lru_cache(maxsize=16)
+def _addresses(host: str) -> frozenset[str]:
+    """Resolved once per name: the master is compared on every poll."""
     try:
-        return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+        return frozenset(str(info[4][0]) for info in socket.getaddrinfo(host, None))
     except (OSError, UnicodeError):
-        return set()
+        return frozenset()
 
 
 def _same_host(a: str, b: str) -> bool:
