@@ -99,7 +99,7 @@ def test_master_names_are_compared_by_address():
 
 
 def test_without_health_port_or_ready_file_it_refuses_before_waiting():
-    with pytest.raises(ExternalRemoteError, match="needs start_remote's health_port or ready_file"):
+    with pytest.raises(ExternalRemoteError, match="needs start_remote's health_port in the settings"):
         _wait()
 
 
@@ -116,7 +116,15 @@ def test_stale_ready_file_is_not_trusted(tmp_path):
     ready.write_text(json.dumps({"state": "ready", "pid": dead.pid}))
     assert probe_ready_file(ready).state is None
     with pytest.raises(ExternalRemoteError, match="stale ready file"):
-        _wait(ready_file=str(ready), remote_absent_s=0.2)
+        _wait(ready_file=str(ready), remote_absent_s=30)  # at once: see below
+
+
+def test_ready_file_alone_does_not_wait_for_what_cannot_come(tmp_path):
+    """start_remote writes it only once this node's GPUs registered, after the engine's wait: no deadlock."""
+    start = time.monotonic()
+    with pytest.raises(ExternalRemoteError, match="set health_port"):
+        _wait(ready_file=str(tmp_path / "absent.ready"), remote_absent_s=30, remote_wait_s=60)
+    assert time.monotonic() - start < 2
 
 
 def test_a_non_json_health_answer_is_not_taken_for_a_state(unused_port):

@@ -159,10 +159,12 @@ def wait_for_start_remote(
     """Block until start_remote on this node reaches waiting_for_gpus/ready, or raise with what was seen."""
     if settings.health_port is None and settings.ready_file is None:
         raise ExternalRemoteError(
-            "remote: external needs start_remote's health_port or ready_file in the settings (the same values "
-            f"scripts/start_remote.py uses) to know when its remote is up. {HINT}"
+            "remote: external needs start_remote's health_port in the settings (the same value "
+            f"scripts/start_remote.py uses) to know when its remote waits for this node's GPUs. {HINT}"
         )
     expected = f"{master_host}:{_first_port(master_ports)}"
+    if settings.health_port is None and settings.ready_file is not None:
+        return _from_ready_file(settings.ready_file, expected)
     start = clock()
     answered = False
     last = Probe(None, "not probed yet")
@@ -194,6 +196,20 @@ def wait_for_start_remote(
                 f"{settings.remote_wait_s:g} s (last: {last.seen}); is node 0 (master {expected}) up?"
             )
         sleep(poll_s)
+
+
+def _from_ready_file(path: Path, expected: str) -> ExternalRemote:
+    """Without the health endpoint only a remote that is ready already can be seen; waiting would deadlock."""
+    probe = probe_ready_file(path)
+    if probe.state in PROCEED_STATES:
+        _check_master(probe, expected)
+        logger.info("remote: external: start_remote is up (%s); nothing spawned", probe.seen)
+        return ExternalRemote(probe.seen)
+    raise ExternalRemoteError(
+        f"remote: external with only ready_file set, and start_remote is not ready ({probe.seen}). Its ready file "
+        f"appears only after every GPU of this node registered, which happens after this point: set health_port "
+        f"(the same as start_remote's) so the engine can see waiting_for_gpus. {HINT}"
+    )
 
 
 def _first_port(ports: Any) -> str:
