@@ -85,6 +85,14 @@ class AdapterSettings(BaseSettings):
     ready_file: Path | None = None
     lock_dir: Path = Path("/tmp")
 
+    # SGLang plugin: enabled by SGLANG_PLUGINS=flexkv_adapter or the variable FLEXKV_ADAPTER_SGLANG=1 (read
+    # before the settings load). On nodes >= 1, remote "engine" lets FlexKV spawn its remote, "external"
+    # waits for scripts/start_remote.py instead.
+    sglang: bool = False
+    remote: Literal["engine", "external"] = "engine"
+    remote_wait_s: Annotated[float, Field(gt=0)] = 600.0
+    remote_absent_s: Annotated[float, Field(gt=0)] = 60.0
+
     @field_validator("master_ports", mode="before")
     @classmethod
     def _split_ports(cls, value: Any) -> Any:

@@ -1,4 +1,7 @@
-"""The real-SGLang tier: builds SGLang's own pool classes on CPU. Skips (visibly) without sglang.
+"""The real-SGLang tier: SGLang's own pool classes, plugin loader and FlexKV connector on CPU.
+
+Skips (visibly) without sglang. The ``sglang_env`` fixture gives each plugin test a clean hook
+registry and, on request, a FlexKV stand-in of one API shape on ``sys.path``.
 
 Install with ``bash scripts/install_sglang_cpu.sh`` (a separate .venv-sglang); ``scripts/test.sh``
 runs this tier there.
@@ -6,10 +9,17 @@ runs this tier there.
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import warnings
+from types import SimpleNamespace
 
 import pytest
+
+from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
+
+from . import flexkv_standin as fk
 
 try:
     with warnings.catch_warnings():
@@ -38,3 +48,103 @@ def _quiet_sglang():
         from sglang.srt.runtime_context import get_parallel
 
         get_parallel().override_permanently(attn_dcp_size=1)  # DSA pools read it; no process groups here
+
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 8,
+    "num_hidden_layers": 3,
+    "intermediate_size": 128,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "torch_dtype": "bfloat16",
+}
+DEEPSEEK = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "kv_lora_rank": 24,
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "torch_dtype": "bfloat16",
+    "rope_scaling": None,
+}
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Real SGLang ModelConfig objects built from tiny config.json files."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    out = {}
+    for name, config in (("llama", LLAMA), ("deepseek", DEEPSEEK)):
+        path = tmp_path_factory.mktemp(name)
+        (path / "config.json").write_text(json.dumps(config))
+        out[name] = ModelConfig(model_path=str(path))
+    return out
+
+
+# Hooks patch these stand-in classes in place (the in-tree connector is re-imported instead).
+_ORIGINALS = [
+    (c, n, c.__dict__[n])
+    for c, n in ((fk.OwnFlexKVConnector, "__init__"), (fk.TransferManagerOnRemote, "create_process"))
+]
+
+
+def _purge():
+    for cls, name, raw in _ORIGINALS:
+        setattr(cls, name, raw)
+    for name in list(sys.modules):
+        if name == "flexkv" or name.startswith("flexkv.") or name.startswith(IN_TREE_MODULE):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def sglang_env(monkeypatch, tmp_path_factory):
+    """A clean plugin state; ``use(shape)`` puts a stand-in FlexKV of that shape on the path."""
+    from sglang.srt import plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(world_group=SimpleNamespace(cpu_group=None))  # no process groups here
+    for var in ("SGLANG_PLUGINS", "FLEXKV_ADAPTER_SGLANG", "FLEXKV_ADAPTER_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+
+    def reset():
+        _purge()
+        HookRegistry.reset()
+        monkeypatch.setattr(plugins, "_plugins_loaded", False)
+        fk.CALLS.clear()
+
+    def use(shape):
+        root = tmp_path_factory.getbasetemp() / f"flexkv-{shape}"
+        if not root.exists():
+            fk.build_tree(root, shape)
+        monkeypatch.syspath_prepend(str(root))
+
+    def load(plugins_env="flexkv_adapter", **env):
+        if plugins_env is not None:
+            monkeypatch.setenv("SGLANG_PLUGINS", plugins_env)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        plugins.load_plugins()
+
+    reset()
+    yield SimpleNamespace(use=use, load=load, registry=HookRegistry)
+    reset()

@@ -1,0 +1,242 @@
+"""What FlexKV's SGLang connectors will do with a pool, and the checks that refuse a mismatch first.
+
+The connectors take the layer count, page size and head semantics from the model config and
+server arguments, not from the pool; a view that disagrees is registered anyway and read wrongly.
+These facts are derived here the way FlexKV derives them (``FlexKVConfig.post_init_from_sglang_config``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import AdapterError, InconsistentLayersError
+from ..hybrid import detect, pool_kind, scale_groups
+from ..layout import ViewKind
+from ..views import PoolView
+
+FIX_SKEW = (
+    "Fix: pin FlexKV to b70205e (the last commit this connector works with: "
+    "pip install 'git+https://github.com/taco-project/FlexKV@b70205e'), or use a SGLang release that "
+    "imports FlexKV's own connector (flexkv.integration.sglang.connector). The plugin does not swap in FlexKV's "
+    "connector: it takes request ids (rid: str) where this SGLang's radix cache passes CacheRequestHandle objects"
+)
+
+
+@dataclass(frozen=True)
+class FlexKVApi:
+    """The installed FlexKV's call shapes that SGLang 0.5.23's in-tree connector depends on."""
+
+    register_indexer_kwargs: bool  # KVTPClient.register_to_server(indexer_buffers=, indexer_layout=)
+    layout_is_mla: bool  # KVCacheLayout(is_mla=)
+    model_use_mla: bool  # ModelConfig.use_mla
+
+    def in_tree_mismatches(self) -> list[str]:
+        found = []
+        if not self.register_indexer_kwargs:
+            found.append(
+                "flexkv.server.client.KVTPClient.register_to_server() no longer accepts indexer_buffers=/"
+                "indexer_layout= (removed by FlexKV 56c71a7)"
+            )
+        if not self.layout_is_mla:
+            found.append("flexkv.common.storage.KVCacheLayout() no longer accepts is_mla= (removed by FlexKV c213e5d)")
+        if not self.model_use_mla:
+            found.append("flexkv.common.config.ModelConfig has no use_mla (removed by FlexKV c213e5d)")
+        return found
+
+
+def _accepts(fn: Callable[..., Any], *names: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(n in params for n in names)
+
+
+def installed_flexkv_api() -> FlexKVApi:
+    """Read the call shapes from the installed FlexKV's signatures (version strings are not trusted)."""
+    client = importlib.import_module("flexkv.server.client").KVTPClient
+    layout = importlib.import_module("flexkv.common.storage").KVCacheLayout
+    model = importlib.import_module("flexkv.common.config").ModelConfig
+    return FlexKVApi(
+        register_indexer_kwargs=_accepts(client.register_to_server, "indexer_buffers", "indexer_layout"),
+        layout_is_mla=_accepts(layout, "is_mla"),
+        model_use_mla=_accepts(model, "use_mla"),
+    )
+
+
+def skew_error(api: FlexKVApi) -> AdapterError | None:
+    """The in-tree connector would retry its registration for ~6 minutes and then fail: refuse now."""
+    found = api.in_tree_mismatches()
+    if not found:
+        return None
+    return AdapterError(
+        "SGLang's in-tree FlexKV connector (sglang.srt.mem_cache.storage.flexkv) was written for an older FlexKV "
+        "API; with the installed FlexKV its GPU registration cannot succeed: " + "; ".join(found) + ". " + FIX_SKEW
+    )
+
+
+@dataclass(frozen=True)
+class ConnectorFacts:
+    """What the connector will tell FlexKV, derived from the model config and server arguments."""
+
+    kind: ViewKind
+    kind_reason: str
+    stage_layers: int
+    stage: str
+    total_kv_heads: int | None
+    head_size: int | None  # what FlexKV's ModelConfig sizes its CPU blocks with (None: not derived here)
+    attn_tp_size: int
+    kv_heads_is_shared_switch: bool  # current FlexKV: a registered head count of 1 means "same KV on every rank"
+
+
+def model_kind(model_config: Any, api: FlexKVApi) -> tuple[ViewKind, str]:
+    """FlexKV's own rule: ``attention_arch == MLA`` while ModelConfig.use_mla existed, else ``qk_nope_head_dim``."""
+    if api.model_use_mla:
+        arch = getattr(model_config, "attention_arch", None)
+        name = getattr(arch, "name", arch)
+        return ("mla" if name == "MLA" else "mha"), f"the model's attention_arch is {name}"
+    has = hasattr(model_config, "qk_nope_head_dim")
+    return ("mla" if has else "mha"), f"the model config {'has' if has else 'has no'} qk_nope_head_dim"
+
+
+def _total_kv_heads(model_config: Any, tp_size: int) -> int | None:
+    """The model's total KV heads, read as FlexKV reads them (its fallbacks included)."""
+    for name, args, scale in (("get_total_num_kv_heads", (), 1), ("get_num_kv_heads", (tp_size,), tp_size)):
+        method = getattr(model_config, name, None)
+        if callable(method):
+            try:
+                value = int(method(*args)) * scale
+            except Exception:  # FlexKV falls back on any error too
+                continue
+            if value > 0:
+                return value
+    heads = getattr(model_config, "num_key_value_heads", None)
+    return heads if isinstance(heads, int) and heads > 0 else None
+
+
+def _int(model_config: Any, name: str) -> int:
+    value = getattr(model_config, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _head_size(model_config: Any, mla: bool) -> int | None:
+    """FlexKV's head_size for the model; None for NSA indexer models, whose fp8 formula is not mirrored here."""
+    if getattr(model_config, "index_head_dim", None) is not None:
+        return None
+    if not mla:
+        return _int(model_config, "head_dim") or None
+    rope = _int(model_config, "qk_rope_head_dim")
+    latent = _int(model_config, "kv_lora_rank") or _int(model_config, "qk_nope_head_dim")
+    return latent + rope or None
+
+
+def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: FlexKVApi) -> ConnectorFacts:
+    layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
+    if layers <= 0:
+        raise AdapterError("the model config has no num_hidden_layers; FlexKV's connector needs it for its layout")
+    pp_size = int(getattr(server_args, "pp_size", 1) or 1)
+    start, end = 0, layers
+    if pp_size > 1:
+        get_pp_indices = importlib.import_module("sglang.srt.distributed.utils").get_pp_indices  # FlexKV uses it too
+        start, end = get_pp_indices(layers, pp_rank, pp_size)
+    tp = int(getattr(server_args, "tp_size", 1) or 1)
+    dp = int(getattr(server_args, "dp_size", 1) or 1) if getattr(server_args, "enable_dp_attention", False) else 1
+    cp = int(getattr(server_args, "attn_cp_size", 1) or 1)
+    kind, why = model_kind(model_config, api)
+    mla = kind == "mla"
+    return ConnectorFacts(
+        kind=kind,
+        kind_reason=why,
+        stage_layers=end - start,
+        stage=f"layers {start}..{end - 1} of num_hidden_layers={layers}, pp rank {pp_rank} of {pp_size}",
+        total_kv_heads=1 if mla else _total_kv_heads(model_config, tp),
+        head_size=_head_size(model_config, mla),
+        attn_tp_size=max(1, tp // (dp * cp)),
+        kv_heads_is_shared_switch=not api.layout_is_mla,
+    )
+
+
+def check_pool_kind(pool: object, facts: ConnectorFacts) -> None:
+    """A plain pool whose buffers FlexKV would pick as the other kind than the model's."""
+    found = pool_kind(pool)
+    if found is not None and found != facts.kind and detect(pool) is None:
+        attrs = "kv_buffer" if found == "mla" else "k_buffer/v_buffer"
+        raise InconsistentLayersError(
+            f"{type(pool).__name__} is an {found.upper()} pool ({attrs}) but FlexKV treats the model as "
+            f"{facts.kind.upper()} ({facts.kind_reason}); the pool does not belong to this model"
+        )
+
+
+def check_view(view: PoolView, facts: ConnectorFacts, page_size: int) -> None:
+    """Refuse a view the connector would register with a different layer count, page size or head meaning."""
+    pool = type(view.source).__name__
+    if len(view.layer_ids) != facts.stage_layers:
+        raise InconsistentLayersError(
+            f"{pool} holds {len(view.layer_ids)} layers but FlexKV's connector registers "
+            f"num_layer={facts.stage_layers} ({facts.stage}); FlexKV would misread the tensors"
+        )
+    if view.page_size != page_size:
+        raise InconsistentLayersError(
+            f"{pool}: the view's page size {view.page_size} differs from the connector's page_size={page_size}"
+        )
+    dims = {t.shape[2] for t in view.tensors()}
+    if len(dims) != 1:
+        raise InconsistentLayersError(
+            f"{pool}: K and V head dims differ ({sorted(dims)}); FlexKV's connector registers K's head size for "
+            f"both and would misread V"
+        )
+    if facts.head_size is not None and dims != {facts.head_size}:
+        raise InconsistentLayersError(
+            f"{pool} holds rows of {dims.pop()} elements per head but FlexKV sizes its blocks for head_size="
+            f"{facts.head_size} from the model config; the pool does not match this model"
+        )
+    if facts.kind != "mha":
+        return
+    heads, tp, total = int(view.tensors()[0].shape[1]), facts.attn_tp_size, facts.total_kv_heads
+    if heads == 1 and total == 1:
+        return  # MQA: every rank holds the same single head, which FlexKV reads correctly
+    if total is not None and heads * tp != total:
+        raise InconsistentLayersError(
+            f"{pool} holds {heads} KV heads per rank at attention TP size {tp}, but the model has {total} KV heads "
+            f"in total; FlexKV sizes its CPU cache from the total and splits it by rank, so it would copy the wrong "
+            f"heads (replicated KV heads are not supported by FlexKV's SGLang connector)"
+        )
+    if facts.kv_heads_is_shared_switch and heads == 1 and tp > 1:
+        raise InconsistentLayersError(
+            f"{pool} holds 1 KV head per rank at attention TP size {tp} ({total} heads in total): FlexKV's "
+            f"connector registers num_kv_heads=1, which FlexKV reads as 'every rank holds the same KV' and would "
+            f"copy one rank's heads for all; run with fewer TP ranks than KV heads"
+        )
+
+
+def left_out(pool: object) -> list[str]:
+    """What FlexKV's connector would not receive: hybrid side state and quantisation scale planes."""
+    structure = detect(pool)
+    primary = structure.primary if structure is not None else pool
+    groups = [*(structure.side_groups if structure is not None else ()), *scale_groups(primary, ())]
+    return [g.describe() for g in groups]
+
+
+def hybrid_message(pool: object, facts: ConnectorFacts, hybrid_setting: str) -> str:
+    structure = detect(pool)
+    what = f"a hybrid pool ({structure.family})" if structure is not None else "a pool with state beside its KV"
+    lines = [
+        f"{type(pool).__name__} is {what}. FlexKV's SGLang connector registers only kv_buffer or k_buffer/v_buffer "
+        f"and cannot offload this model correctly: a prefix restored from FlexKV would lack the state below."
+    ]
+    if structure is not None:
+        lines.append(
+            f"It also takes its layer count from the model config ({facts.stage_layers} layers: {facts.stage}), "
+            f"not from the pool, so even the attention layers alone would be misread."
+        )
+    lines.append("Not offloaded: " + "; ".join(left_out(pool)) + ".")
+    if hybrid_setting == "attention_only":
+        lines.append("The hybrid=attention_only setting does not apply under the SGLang plugin for these reasons.")
+    lines.append("Serve this model without --enable-flexkv.")
+    return " ".join(lines)
