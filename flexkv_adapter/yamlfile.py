@@ -142,8 +142,8 @@ def read_yaml(source: object, error: type[AdapterError], what: str) -> tuple[Pat
             loader.dispose()
     except yaml.YAMLError as exc:
         raise error(f"{what} {path} is invalid YAML: {clip(_problem(exc), 400)}") from None
-    except (ValueError, TypeError, RecursionError) as exc:  # int('9' * 5000), unhashable merge keys
-        raise error(f"{what} {path} is invalid: {clip(str(exc), 300)}") from None
+    except Exception as exc:  # PyYAML's constructors on hostile scalars: int("9" * 5000), "!!float" -> IndexError
+        raise error(f"{what} {path} is invalid: {type(exc).__name__}: {clip(str(exc), 300)}") from None
 
 
 def read_yaml_mapping(source: object, error: type[AdapterError], what: str) -> tuple[Path, dict[str, Any]]:
@@ -153,7 +153,7 @@ def read_yaml_mapping(source: object, error: type[AdapterError], what: str) -> t
         return path, {}
     if not isinstance(data, dict):
         raise error(f"{what} {path} must be a YAML mapping of keys to values, got a {type(data).__name__}")
-    odd = next((k for k in data if not isinstance(k, str)), None)
-    if odd is not None:
-        raise error(f"{what} {path}: every key must be a name (a string), got {short_repr(odd)}")
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise error(f"{what} {path}: every key must be a name (a string), got {short_repr(odd[0])}")
     return path, data

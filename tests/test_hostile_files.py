@@ -58,6 +58,9 @@ BAD_CONTENT = {
     "deep nesting": ("name: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
     "huge int": ("page_size: " + "9" * 5000 + "\n", "invalid"),
     "non-string key": ("1: x\n", "key"),
+    "null key": ("?\n", "key"),
+    "empty float": ("page_size: !!float\n", "invalid"),
+    "empty int": ("!!int\n", "invalid"),
 }
 
 
