@@ -36,7 +36,7 @@ from .errors import SettingsError
 from .hosts import is_unspecified
 from .strict import NoBool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from .text import clip, short_repr
-from .yamlfile import as_path, read_yaml_mapping
+from .yamlfile import as_path, read_yaml_mapping, shown
 
 ENV_PREFIX = "FLEXKV_ADAPTER_"
 CONFIG_ENV = "FLEXKV_ADAPTER_CONFIG"
@@ -220,9 +220,9 @@ def _sources(config_file: Path | None, from_file: dict[str, Any], overrides: dic
         elif env:
             found[field] = f"env {env}"
         elif field in from_file:
-            found[field] = f"file {config_file}"
+            found[field] = f"file {shown(config_file)}"
         else:
             found[field] = "default"
     for key in from_file:
-        found.setdefault(str(key), f"file {config_file}")
+        found.setdefault(str(key), f"file {shown(config_file)}")
     return found

@@ -20,7 +20,7 @@ from .axes import Axis, format_axes, parse_axes
 from .errors import AdapterError
 from .strict import Int, NonNegativeInt, PositiveInt
 from .text import clip, short_repr
-from .yamlfile import read_yaml_mapping
+from .yamlfile import read_yaml_mapping, shown
 
 _AXIS_MEANING = {
     Axis.LAYER: "layer (one tensor holds every layer)",
@@ -137,7 +137,7 @@ def load_spec(source: LayoutSpec | Mapping[str, Any] | str | os.PathLike[str]) -
             raise AdapterError(f"layout spec mapping cannot be read: {type(exc).__name__}: {clip(str(exc))}") from None
     elif isinstance(source, (str, os.PathLike)):
         path, data = read_yaml_mapping(source, AdapterError, "layout spec")
-        where = str(path)
+        where = shown(path)
         data.setdefault("name", path.stem)
     else:
         raise AdapterError(

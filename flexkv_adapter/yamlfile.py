@@ -22,7 +22,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from .errors import AdapterError
 from .text import clip, short_repr
 
-MAX_BYTES = 1 << 20  # settings and specs are a few kilobytes
+MAX_BYTES = 256 << 10  # settings and specs are a few kilobytes; 256 KiB parse in about 0.1 s
 MAX_NODES = 10_000  # composed nodes, counting every node an alias repeats
 MAX_DEPTH = 64
 
@@ -80,6 +80,11 @@ class BoundedLoader(yaml.SafeLoader):
         return node
 
 
+def shown(path: object) -> str:
+    """A path as messages show it (a path can be 4 KB long)."""
+    return clip(str(path), 200)
+
+
 def as_path(source: object, error: type[AdapterError], what: str) -> Path:
     """``source`` as a :class:`Path`, refusing non-paths and NUL bytes (``open`` would raise ValueError)."""
     if not isinstance(source, (str, os.PathLike)):
@@ -97,22 +102,22 @@ def _read_bytes(path: Path, error: type[AdapterError], what: str) -> bytes:
     try:
         info = path.stat()
         if stat.S_ISDIR(info.st_mode):
-            raise error(f"{what} {path} is a directory, not a YAML file")
+            raise error(f"{what} {shown(path)} is a directory, not a YAML file")
         if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} {path} is not a regular file (a FIFO, socket or device); refusing to open it")
+            raise error(f"{what} {shown(path)} is not a regular file (a FIFO, socket or device); refusing to open it")
         if info.st_size > MAX_BYTES:
-            raise error(f"{what} {path} is larger than {MAX_BYTES} bytes ({info.st_size}); refusing to read it")
+            raise error(f"{what} {shown(path)} is larger than {MAX_BYTES} bytes ({info.st_size}); refusing to read it")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # replaced since the stat above
-                raise error(f"{what} {path} is not a regular file; refusing to read it")
+                raise error(f"{what} {shown(path)} is not a regular file; refusing to read it")
             data = handle.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
+        raise error(f"{what} {shown(path)} does not exist") from None
     except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read {what} {shown(path)}: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
-        raise error(f"{what} {path} is larger than {MAX_BYTES} bytes; refusing to read it")
+        raise error(f"{what} {shown(path)} is larger than {MAX_BYTES} bytes; refusing to read it")
     return data
 
 
@@ -133,7 +138,9 @@ def read_yaml(source: object, error: type[AdapterError], what: str) -> tuple[Pat
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise error(f"{what} {path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
+        raise error(
+            f"{what} {shown(path)} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})"
+        ) from None
     try:
         loader = BoundedLoader(text)  # checks for unprintable characters at once
         try:
@@ -141,9 +148,9 @@ def read_yaml(source: object, error: type[AdapterError], what: str) -> tuple[Pat
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
-        raise error(f"{what} {path} is invalid YAML: {clip(_problem(exc), 400)}") from None
+        raise error(f"{what} {shown(path)} is invalid YAML: {clip(_problem(exc), 400)}") from None
     except Exception as exc:  # PyYAML's constructors on hostile scalars: int("9" * 5000), "!!float" -> IndexError
-        raise error(f"{what} {path} is invalid: {type(exc).__name__}: {clip(str(exc), 300)}") from None
+        raise error(f"{what} {shown(path)} is invalid: {type(exc).__name__}: {clip(str(exc), 300)}") from None
 
 
 def read_yaml_mapping(source: object, error: type[AdapterError], what: str) -> tuple[Path, dict[str, Any]]:
@@ -152,8 +159,8 @@ def read_yaml_mapping(source: object, error: type[AdapterError], what: str) -> t
     if data is None:
         return path, {}
     if not isinstance(data, dict):
-        raise error(f"{what} {path} must be a YAML mapping of keys to values, got a {type(data).__name__}")
+        raise error(f"{what} {shown(path)} must be a YAML mapping of keys to values, got a {type(data).__name__}")
     odd = [k for k in data if not isinstance(k, str)]
     if odd:
-        raise error(f"{what} {path}: every key must be a name (a string), got {short_repr(odd[0])}")
+        raise error(f"{what} {shown(path)}: every key must be a name (a string), got {short_repr(odd[0])}")
     return path, data

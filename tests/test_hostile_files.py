@@ -212,3 +212,9 @@ def test_inspect_json_into_a_closed_pipe_prints_no_traceback():
     )
     assert done.stdout.count("\n") == 1
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def test_a_huge_path_is_clipped_in_the_message():
+    with pytest.raises(AdapterError) as info:
+        load_spec("/tmp/" + "d" * 100_000 + ".yaml")
+    assert "File name too long" in str(info.value) and len(str(info.value)) < 500
