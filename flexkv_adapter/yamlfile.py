@@ -89,7 +89,12 @@ def as_path(source: object, error: type[AdapterError], what: str) -> Path:
     """``source`` as a :class:`Path`, refusing non-paths and NUL bytes (``open`` would raise ValueError)."""
     if not isinstance(source, (str, os.PathLike)):
         raise error(f"{what} must be a path (str or os.PathLike), not {type(source).__name__}: {short_repr(source)}")
-    text = os.fspath(source)
+    try:
+        text = os.fspath(source)
+    except Exception as exc:  # a PathLike whose __fspath__ raises
+        raise error(
+            f"{what} {type(source).__name__} has no usable path: {type(exc).__name__}: {clip(str(exc))}"
+        ) from None
     if not isinstance(text, str):
         raise error(f"{what} must be a text path, not {type(text).__name__}: {short_repr(text)}")
     if "\0" in text:

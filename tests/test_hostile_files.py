@@ -218,3 +218,16 @@ def test_a_huge_path_is_clipped_in_the_message():
     with pytest.raises(AdapterError) as info:
         load_spec("/tmp/" + "d" * 100_000 + ".yaml")
     assert "File name too long" in str(info.value) and len(str(info.value)) < 500
+
+
+class BrokenPath(os.PathLike):
+    def __fspath__(self) -> str:
+        raise RuntimeError("no path today")
+
+
+@pytest.mark.parametrize("source", [BrokenPath(), b"configs/layouts/sglang-mha.yaml"])
+def test_path_objects_that_are_not_text_paths(source):
+    with pytest.raises(AdapterError, match="path"):
+        load_spec(source)
+    with pytest.raises(SettingsError, match="path"):
+        load_settings(source)
