@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .errors import AdapterError
+from .errors import AdapterError, SettingsError
 
 
 def _samples() -> Any:
@@ -147,8 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
-    except AdapterError as exc:
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except AdapterError as exc:  # settings problems are one per line; show them all, briefly
+        lines = str(exc).splitlines()
+        shown = "; ".join(line.strip() for line in lines) if isinstance(exc, SettingsError) else lines[0]
+        print(f"error: {shown}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `inspect --json | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -231,3 +231,12 @@ def test_path_objects_that_are_not_text_paths(source):
         load_spec(source)
     with pytest.raises(SettingsError, match="path"):
         load_settings(source)
+
+
+def test_the_cli_shows_every_settings_problem_on_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FLEXKV_ADAPTER_HYBRID", "maybe")
+    monkeypatch.setenv("FLEXKV_ADAPTER_TP_SIZE", "true")
+    monkeypatch.setattr("flexkv_adapter.cli._cmd_demo", lambda args: load_settings() and 0)
+    assert main(["demo"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: invalid settings:") and "hybrid='maybe'" in line and "tp_size='true'" in line
