@@ -240,3 +240,17 @@ def test_the_cli_shows_every_settings_problem_on_one_line(tmp_path, capsys, monk
     assert main(["demo"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: invalid settings:") and "hybrid='maybe'" in line and "tp_size='true'" in line
+
+
+def test_adapt_and_doctor_refuse_a_fifo_and_a_directory(tmp_path, capsys):
+    import json
+
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    pool = SimpleNamespace(kv_cache=[torch.zeros(32, 1, 8)] * 2, page_size=16)
+    for bad in (fifo, tmp_path, _write(tmp_path, "name: x\naxes: N H D\npage_size: yes\n")):
+        with pytest.raises(AdapterError, match=str(bad)):
+            adapt(pool, spec=bad)
+        assert main(["doctor", "--json", "--config", str(bad)]) == 1
+        check = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "settings")
+        assert check["status"] == "error" and str(bad) in check["detail"]
