@@ -10,13 +10,15 @@ arrive within ``timeout`` makes every other rank raise :class:`AlignmentError` i
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+import numbers
+from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from .errors import AlignmentError
+from .text import clip, short_repr
 from .views import MHAView, PoolView
 
 logger = logging.getLogger(__name__)
@@ -38,21 +40,63 @@ def fingerprint(view: PoolView) -> dict[str, Any]:
     }
 
 
-def _gather(payload: Any, group: Any, timeout: float, what: str) -> list[Any]:
+MAX_TIMEOUT_S = 7 * 86400.0
+
+
+def _check_timeout(timeout: object, what: str) -> float:
+    """Before any rank waits: a bad timeout is this rank's programming error (the others time out)."""
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT_S  # also refuses nan
+    ):
+        raise AlignmentError(
+            f"{what}: timeout={short_repr(timeout)} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
+        )
+    return float(timeout)
+
+
+def _exchange(op: str, problem: str | None, data: Any, group: Any, timeout: float) -> list[Any]:
+    """Every rank's ``data``, once every rank called the same ``op`` with valid input.
+
+    Each rank sends what it called and what is wrong with its own input, so a programming error on
+    one rank (wrong collective, a count of -1) is one :class:`AlignmentError` on every rank, not a
+    ``KeyError`` on some and a hang on others.
+    """
+    what = op.split("(", 1)[0]
     if not dist.is_available() or not dist.is_initialized():
-        raise AlignmentError(f"{what} needs an initialised torch.distributed process group")
-    rank = dist.get_rank(group)
-    if dist.get_backend(group) == "gloo":
-        try:
+        raise AlignmentError(problem or f"{what} needs an initialised torch.distributed process group")
+    try:
+        rank, world, backend = dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group)
+    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        raise AlignmentError(f"{what}: {short_repr(group)} is not a usable process group ({exc})") from exc
+    if rank < 0:
+        raise AlignmentError(f"{what}: this process is not a member of group {short_repr(group)}")
+    try:
+        if backend == "gloo":
             dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout), wait_all_ranks=True)
-        except RuntimeError as exc:
-            raise AlignmentError(
-                f"rank {rank}: not every rank reached {what} within {timeout:g}s; it is a collective that "
-                f"every rank must call ({str(exc).splitlines()[0]})"
-            ) from exc
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, payload, group=group)
-    return gathered
+    except RuntimeError as exc:
+        raise AlignmentError(
+            f"rank {rank}: not every rank reached {what} within {timeout:g}s; it is a collective that "
+            f"every rank must call ({str(exc).splitlines()[0]})"
+        ) from exc
+    gathered: list[Any] = [None] * world
+    try:
+        dist.all_gather_object(gathered, {"op": op, "problem": problem, "data": data}, group=group)
+    except RuntimeError as exc:
+        raise AlignmentError(f"rank {rank}: exchanging {what} data failed ({str(exc).splitlines()[0]})") from exc
+    calls = [e.get("op") if isinstance(e, dict) else None for e in gathered]
+    if len(set(calls)) > 1:
+        listed = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+        raise AlignmentError(
+            f"rank {rank}: ranks called different collectives ({listed}); every rank must call the same "
+            f"alignment, with the same names, in the same order"
+        )
+    problems = [(r, e["problem"]) for r, e in enumerate(gathered) if e["problem"]]
+    if problems:
+        listed = "; ".join(f"rank {r}: {p}" for r, p in problems)
+        raise AlignmentError(f"rank {rank}: {what} refused on every rank, nothing was agreed ({listed})")
+    return [e["data"] for e in gathered]
 
 
 def align_across_ranks(view: PoolView, group: Any = None, timeout: float = 60.0) -> PoolView:
@@ -61,8 +105,11 @@ def align_across_ranks(view: PoolView, group: Any = None, timeout: float = 60.0)
     First exchanges layout fingerprints: if any rank differs, every rank raises one
     :class:`AlignmentError` naming the ranks that disagree. Collective; see the module docstring.
     """
-    mine = {"fingerprint": fingerprint(view), "num_blocks": view.num_blocks}
-    everyone = _gather(mine, group, timeout, "align_across_ranks")
+    timeout = _check_timeout(timeout, "align_across_ranks")
+    valid = isinstance(view, PoolView)
+    problem = None if valid else f"align_across_ranks needs a view from adapt(), got {type(view).__name__}"
+    mine = {"fingerprint": fingerprint(view), "num_blocks": view.num_blocks} if valid else None
+    everyone = _exchange("align_across_ranks", problem, mine, group, timeout)
     reference = everyone[0]["fingerprint"]
     odd = [r for r, e in enumerate(everyone) if e["fingerprint"] != reference]
     if odd:
@@ -80,21 +127,43 @@ def align_across_ranks(view: PoolView, group: Any = None, timeout: float = 60.0)
     return view.with_num_blocks(agreed, note)
 
 
+def _read_counts(config: Any, names: tuple[str, ...]) -> tuple[dict[str, int | None], str | None]:
+    """This rank's counts, or what is wrong with them (checked before any rank agrees on anything)."""
+    if not isinstance(names, tuple) or not names or not all(isinstance(n, str) for n in names):
+        return {}, f"names must be a non-empty tuple of attribute names, got {short_repr(names)}"
+    if isinstance(config, Mapping) and not isinstance(config, MutableMapping):
+        return {}, f"config {type(config).__name__} cannot be updated; pass a dict or a config object"
+    counts: dict[str, int | None] = {}
+    for name in names:
+        try:
+            value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        except Exception as exc:  # a config property that raises is this rank's problem to report
+            return {}, f"reading {name} raised {type(exc).__name__}: {clip(str(exc), 100)}"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+            return {}, f"{name}={short_repr(value)} is not a block count (a whole number >= 0)"
+        if value is not None and not isinstance(config, Mapping):
+            try:
+                setattr(config, name, value)  # the same value: proves the agreed one can be written
+            except Exception as exc:
+                return {}, f"cannot set {name} on {type(config).__name__} ({type(exc).__name__}: {clip(str(exc), 100)})"
+        counts[name] = None if value is None else int(value)
+    return counts, None
+
+
 def align_block_counts(
     config: Any, group: Any = None, timeout: float = 60.0, names: tuple[str, ...] = FLEXKV_BLOCK_COUNTS
 ) -> dict[str, tuple[int | None, int | None]]:
     """MIN-align FlexKV's CPU/SSD/remote block counts on a config object or mapping, in place.
 
-    Missing or ``None`` counts stay ``None`` only if they are ``None`` on every rank. Returns
-    ``{name: (before, after)}``. Collective; see the module docstring.
+    Missing or ``None`` counts stay ``None`` only if they are ``None`` on every rank. A count that
+    is not a whole number >= 0 (``-1``, ``7.9``, ``True``) on any rank fails every rank before
+    anything is written. Returns ``{name: (before, after)}``. Collective; see the module docstring.
     """
-
-    def get(name: str) -> int | None:
-        value = config.get(name) if isinstance(config, MutableMapping) else getattr(config, name, None)
-        return None if value is None else int(value)
-
-    mine = {name: get(name) for name in names}
-    everyone = _gather(mine, group, timeout, "align_block_counts")
+    timeout = _check_timeout(timeout, "align_block_counts")
+    mine, problem = _read_counts(config, names)
+    readable = isinstance(names, tuple) and all(isinstance(n, str) for n in names)
+    op = f"align_block_counts({clip(','.join(names), 200) if readable else short_repr(names)})"
+    everyone = _exchange(op, problem, mine, group, timeout)
     changes: dict[str, tuple[int | None, int | None]] = {}
     for name in names:
         values = [e[name] for e in everyone]

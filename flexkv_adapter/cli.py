@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .errors import AdapterError
+from .errors import AdapterError, SettingsError
 
 
 def _samples() -> Any:
@@ -96,8 +97,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     for path in args.specs:
         try:
             spec = load_spec(path)
-        except AdapterError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except AdapterError as exc:  # report it and go on to the next file
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
             failed = True
             continue
         ok, verdict = spec.addressability()
@@ -143,10 +144,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args.func(args))
-    except AdapterError as exc:
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except AdapterError as exc:  # settings problems are one per line; show them all, briefly
+        lines = str(exc).splitlines()
+        shown = "; ".join(line.strip() for line in lines) if isinstance(exc, SettingsError) else lines[0]
+        print(f"error: {shown}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `inspect --json | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
 
 
 if __name__ == "__main__":

@@ -56,6 +56,10 @@ def settings_checks(s: AdapterSettings) -> list[Check]:
                 )
             elif kind == "unresolved":
                 checks.append(Check("master_host", "error", f"{s.master_host} does not resolve"))
+            elif kind == "unspecified":
+                checks.append(
+                    Check("master_host", "error", f"{s.master_host} resolves to a wildcard address, not a master's")
+                )
             elif kind == "public":
                 checks.append(
                     Check(
@@ -92,8 +96,8 @@ def run_doctor(config_file: str | Path | None = None, require_flexkv: bool = Fal
     checks.append(_import_check("flexkv", "flexkv.common.storage", "needed by to_flexkv()/register()", require_flexkv))
     checks.append(_import_check("flexkv.c_ext", "flexkv.c_ext", "needed by start-remote", require_flexkv))
     settings: dict[str, Any] = {}
-    path = config_file_in_use(config_file)
     try:
+        path = config_file_in_use(config_file)
         s = load_settings(config_file)
     except SettingsError as exc:
         checks.append(Check("settings", "error", str(exc)))

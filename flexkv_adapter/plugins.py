@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import AdapterError, AmbiguousLayoutError
 from .spec import LayoutSpec, load_spec
+from .text import clip
 
 logger = logging.getLogger(__name__)
 GROUP = "flexkv_adapter.recognizers"
@@ -44,9 +45,17 @@ def plugin_spec(pool: object) -> tuple[str, LayoutSpec] | None:
         try:
             result = recognise(pool)
         except Exception as exc:
-            raise AdapterError(f"recogniser plugin {name} failed on {type(pool).__name__}: {exc!r}") from exc
-        if result is not None:
+            raise AdapterError(
+                f"recogniser plugin {name} failed on {type(pool).__name__}: {type(exc).__name__}: {clip(str(exc))}"
+            ) from exc
+        if result is None:
+            continue
+        try:
             answers.append((name, load_spec(result)))
+        except AdapterError as exc:
+            raise AdapterError(
+                f"recogniser plugin {name} returned an invalid spec for {type(pool).__name__}: {exc}"
+            ) from None
     distinct = {spec.model_dump_json(exclude={"name", "description"}): (name, spec) for name, spec in answers}
     if len(distinct) > 1:
         listed = "; ".join(f"{name}: {spec.kind} [{spec.axes}] attrs={spec.attrs}" for name, spec in distinct.values())

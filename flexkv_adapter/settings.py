@@ -16,6 +16,7 @@ where it came from, and what was expected.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from contextvars import ContextVar
 from difflib import get_close_matches
@@ -25,18 +26,22 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from .errors import SettingsError
+from .hosts import is_unspecified
+from .strict import NoBool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from .text import clip, short_repr
+from .yamlfile import as_path, read_yaml_mapping, shown
 
 ENV_PREFIX = "FLEXKV_ADAPTER_"
 CONFIG_ENV = "FLEXKV_ADAPTER_CONFIG"
-Port = Annotated[int, Field(ge=1, le=65535)]
-_yaml_file: ContextVar[Path | None] = ContextVar("flexkv_adapter_yaml_file", default=None)
+Port = Annotated[int, NoBool, Field(ge=1, le=65535)]
+_file_data: ContextVar[dict[str, Any] | None] = ContextVar("flexkv_adapter_file_data", default=None)
 
 
 def _env(field: str, *flexkv: str) -> Any:
@@ -50,18 +55,18 @@ class AdapterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", populate_by_name=True, frozen=True)
 
     # adapt() / plan() / register()
-    page_size: Annotated[int, Field(gt=0)] | None = None
+    page_size: PositiveInt | None = None
     hybrid: Literal["error", "attention_only"] = "error"
-    tp_size: Annotated[int, Field(gt=0)] = 1
-    total_kv_heads: Annotated[int, Field(gt=0)] | None = None
+    tp_size: PositiveInt = 1
+    total_kv_heads: PositiveInt | None = None
     replicated_kv_heads: bool = False
-    align_timeout_s: Annotated[float, Field(gt=0)] = 60.0
-    register_attempts: Annotated[int, Field(gt=0)] = 360
-    register_interval_s: Annotated[float, Field(ge=0)] = 1.0
+    align_timeout_s: PositiveFloat = 60.0
+    register_attempts: PositiveInt = 360
+    register_interval_s: NonNegativeFloat = 1.0
 
     # multi-node deployment (FlexKV's variables accepted too)
-    nnodes: Annotated[int, Field(gt=0)] = 1
-    node_rank: Annotated[int, Field(ge=0)] = 0
+    nnodes: PositiveInt = 1
+    node_rank: NonNegativeInt = 0
     master_host: str | None = Field(None, validation_alias=_env("master_host", "FLEXKV_MASTER_HOST"))
     master_ports: Annotated[tuple[Port, Port, Port], NoDecode] = Field(
         (5556, 5557, 5558), validation_alias=_env("master_ports", "FLEXKV_MASTER_PORTS")
@@ -73,12 +78,12 @@ class AdapterSettings(BaseSettings):
 
     # scripts/start_remote.py
     transfer_manager: str = "flexkv.transfer_manager:TransferManagerOnRemote"
-    connect_timeout_s: Annotated[float, Field(gt=0)] = 300.0
-    handshake_timeout_s: Annotated[float, Field(gt=0)] = 300.0
-    gpu_timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    grace_s: Annotated[float, Field(gt=0)] = 30.0
-    probe_interval_s: Annotated[float, Field(gt=0)] = 5.0
-    master_lost_s: Annotated[float, Field(gt=0)] = 30.0
+    connect_timeout_s: PositiveFloat = 300.0
+    handshake_timeout_s: PositiveFloat = 300.0
+    gpu_timeout_s: PositiveFloat = 600.0
+    grace_s: PositiveFloat = 30.0
+    probe_interval_s: PositiveFloat = 5.0
+    master_lost_s: PositiveFloat = 30.0
     keep_cuda_visible_devices: bool = False
     health_host: str = "127.0.0.1"
     health_port: Port | None = None
@@ -90,8 +95,18 @@ class AdapterSettings(BaseSettings):
     # waits for scripts/start_remote.py instead.
     sglang: bool = False
     remote: Literal["engine", "external"] = "engine"
-    remote_wait_s: Annotated[float, Field(gt=0)] = 600.0
-    remote_absent_s: Annotated[float, Field(gt=0)] = 60.0
+    remote_wait_s: PositiveFloat = 600.0
+    remote_absent_s: PositiveFloat = 60.0
+
+    @field_validator("master_host")
+    @classmethod
+    def _an_address_to_connect_to(cls, value: str | None) -> str | None:
+        if value is not None and is_unspecified(value):
+            raise ValueError(
+                "is a wildcard (unspecified) address that a server binds to, not the address of a master; "
+                "give node 0's reachable IP address or host name"
+            )
+        return value
 
     @field_validator("master_ports", mode="before")
     @classmethod
@@ -102,6 +117,8 @@ class AdapterSettings(BaseSettings):
                 return tuple(int(p) for p in parts)
             except ValueError:
                 raise ValueError("expected three comma-separated port numbers like 5556,5557,5558") from None
+        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
+            raise ValueError("a boolean is not a port number")
         return value
 
     @field_validator("master_ports")
@@ -126,10 +143,10 @@ class AdapterSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = _yaml_file.get()
+        file_data = _file_data.get()
         sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
-        if yaml_file is not None:
-            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file),)
+        if file_data:
+            sources += (InitSettingsSource(settings_cls, init_kwargs=file_data),)
         return sources
 
 
@@ -146,55 +163,74 @@ def _known_env() -> set[str]:
 
 
 def config_file_in_use(config_file: str | os.PathLike[str] | None = None) -> Path | None:
+    """The settings file: the argument, else ``$FLEXKV_ADAPTER_CONFIG``, else None."""
+    if config_file is not None and not isinstance(config_file, (str, os.PathLike)):
+        raise SettingsError(f"config_file must be a path, not {type(config_file).__name__}: {short_repr(config_file)}")
     chosen = config_file or os.environ.get(CONFIG_ENV)
-    return Path(chosen) if chosen else None
+    return as_path(chosen, SettingsError, "config file") if chosen else None
+
+
+def _read_file(path: Path, origin: str) -> dict[str, Any]:
+    try:
+        return read_yaml_mapping(path, SettingsError, "config file")[1]
+    except SettingsError as exc:
+        raise SettingsError(f"{exc} (from {origin})") from None
 
 
 def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> AdapterSettings:
     """Resolve settings from arguments, environment and YAML (see the module docstring)."""
     path = config_file_in_use(config_file)
-    if path is not None and not path.is_file():
-        raise SettingsError(f"config file {path} does not exist (from {'argument' if config_file else CONFIG_ENV})")
+    data = _read_file(path, "argument" if config_file else CONFIG_ENV) if path is not None else None
     unknown = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in _known_env())
     if unknown:
         hints = [f"{u} (did you mean {m[0]}?)" if (m := get_close_matches(u, _known_env(), 1)) else u for u in unknown]
         raise SettingsError(f"unknown environment variable(s): {', '.join(hints)}")
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    token = _yaml_file.set(path)
+    token = _file_data.set(data)
     try:
         return AdapterSettings(**overrides)
     except ValidationError as exc:
-        origins = setting_sources(path, overrides)
-        lines, keys = [], []
-        for err in exc.errors():
-            key = str(err["loc"][0]) if err["loc"] else "settings"
-            origin = origins.get(key, "settings")
-            keys.append(key)
-            lines.append(f"{key}={err.get('input')!r} (from {origin}): {err['msg']}")
-        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines), tuple(keys)) from None
+        raise _invalid(exc, _sources(path, data or {}, overrides)) from None
     finally:
-        _yaml_file.reset(token)
+        _file_data.reset(token)
+
+
+def _invalid(exc: ValidationError, origins: dict[str, str], limit: int = 10) -> SettingsError:
+    """One line per problem: key, value (truncated), where it came from, what was expected."""
+    lines: list[str] = []
+    keys: list[str] = []
+    for err in exc.errors():
+        key = clip(str(err["loc"][0]), 60) if err["loc"] else "settings"
+        keys.append(key)
+        if len(lines) < limit:
+            value = short_repr(err.get("input"))
+            lines.append(f"{key}={value} (from {origins.get(key, 'settings')}): {clip(err['msg'], 200)}")
+    if len(keys) > limit:
+        lines.append(f"and {len(keys) - limit} more")
+    return SettingsError("invalid settings:\n  " + "\n  ".join(lines), tuple(keys))
 
 
 def setting_sources(config_file: Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, str]:
     """Where each setting's value comes from: argument, env NAME, file PATH, or default."""
-    import yaml
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        with contextlib.suppress(SettingsError):  # load_settings reports it
+            data = read_yaml_mapping(config_file, SettingsError, "config file")[1]
+    return _sources(config_file, data, overrides or {})
 
-    from_file: dict[str, Any] = {}
-    if config_file is not None and config_file.is_file():
-        loaded = yaml.safe_load(config_file.read_text()) or {}
-        from_file = loaded if isinstance(loaded, dict) else {}
+
+def _sources(config_file: Path | None, from_file: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for field in AdapterSettings.model_fields:
         env = next((n for n in _env_names(field) if n in os.environ), None)
-        if overrides and field in overrides:
+        if field in overrides:
             found[field] = "argument"
         elif env:
             found[field] = f"env {env}"
         elif field in from_file:
-            found[field] = f"file {config_file}"
+            found[field] = f"file {shown(config_file)}"
         else:
             found[field] = "default"
     for key in from_file:
-        found.setdefault(str(key), f"file {config_file}")
+        found.setdefault(str(key), f"file {shown(config_file)}")
     return found

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .axes import Axis, format_axes, parse_axes
 from .errors import AdapterError
+from .strict import Int, NonNegativeInt, PositiveInt
+from .text import clip, short_repr
+from .yamlfile import read_yaml_mapping, shown
 
 _AXIS_MEANING = {
     Axis.LAYER: "layer (one tensor holds every layer)",
@@ -31,26 +32,37 @@ _AXIS_MEANING = {
     Axis.DIM: "head dim (MLA: the latent + rope row)",
 }
 
+# read from the module dict: getattr(torch, name) may import a submodule (torch._inductor) on demand
+_DTYPE_NAMES = frozenset(name for name, value in vars(torch).items() if isinstance(value, torch.dtype))
+
 
 class LayoutSpec(BaseModel):
     """One pool layout, written down."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
+    name: str = Field(max_length=200)
     description: str = ""
     kind: Literal["mha", "mla"] | None = None
     attrs: list[str] | None = Field(None, min_length=1, max_length=2)
-    axes: str
-    page_size: int | None = Field(None, gt=0)
-    dtype: str | None = None
-    layer_num: int | None = Field(None, gt=0)
-    head_num: int | None = Field(None, gt=0)
-    head_dim: int | None = Field(None, gt=0)
-    v_head_dim: int | None = Field(None, gt=0)
-    kv_dim: int | None = Field(None, gt=0)
-    start_layer: int | None = Field(None, ge=0)
-    layer_ids: list[int] | None = None
+    axes: str = Field(max_length=64)
+    page_size: PositiveInt | None = None
+    dtype: str | None = Field(None, max_length=64)
+    layer_num: PositiveInt | None = None
+    head_num: PositiveInt | None = None
+    head_dim: PositiveInt | None = None
+    v_head_dim: PositiveInt | None = None
+    kv_dim: PositiveInt | None = None
+    start_layer: NonNegativeInt | None = None
+    layer_ids: list[Int] | None = None
+
+    @field_validator("attrs")
+    @classmethod
+    def _attribute_paths(cls, value: list[str] | None) -> list[str] | None:
+        for path in value or ():
+            if len(path) > 200 or not all(part.isidentifier() for part in path.split(".")):
+                raise ValueError(f"{short_repr(path)} is not an attribute name or dotted path like cache.k_buffer")
+        return value
 
     @field_validator("axes")
     @classmethod
@@ -60,8 +72,8 @@ class LayoutSpec(BaseModel):
     @field_validator("dtype")
     @classmethod
     def _valid_dtype(cls, value: str | None) -> str | None:
-        if value is not None and not isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype):
-            raise ValueError(f"{value!r} is not a torch dtype name (e.g. bfloat16, float8_e4m3fn, uint8)")
+        if value is not None and value.removeprefix("torch.") not in _DTYPE_NAMES:
+            raise ValueError(f"{short_repr(value)} is not a torch dtype name (e.g. bfloat16, float8_e4m3fn, uint8)")
         return value.removeprefix("torch.") if value else value
 
     @property
@@ -110,25 +122,57 @@ class LayoutSpec(BaseModel):
 
 
 def load_spec(source: LayoutSpec | Mapping[str, Any] | str | os.PathLike[str]) -> LayoutSpec:
-    """A spec object, a dict, or the path of a YAML file -> validated :class:`LayoutSpec`."""
+    """A spec object, a dict, or the path of a YAML file -> validated :class:`LayoutSpec`.
+
+    Anything else, and any problem with the file or its content, is an :class:`AdapterError`
+    naming the file and the problem (user input in the message is truncated).
+    """
     if isinstance(source, LayoutSpec):
         return source
-    where = "spec"
-    try:
-        if isinstance(source, Mapping):
-            return LayoutSpec.model_validate(dict(source))
-        path = Path(source)
-        where = str(path)
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict):
-            raise AdapterError(f"{path}: a layout spec is a YAML mapping, got {type(data).__name__}")
+    if isinstance(source, Mapping):
+        where = "spec"
+        try:
+            data = dict(source)
+        except Exception as exc:  # a hostile Mapping (from a plugin) must still give an AdapterError
+            raise AdapterError(f"layout spec mapping cannot be read: {type(exc).__name__}: {clip(str(exc))}") from None
+    elif isinstance(source, (str, os.PathLike)):
+        path, data = read_yaml_mapping(source, AdapterError, "layout spec")
+        where = shown(path)
         data.setdefault("name", path.stem)
+    else:
+        raise AdapterError(
+            f"a layout spec is a LayoutSpec, a mapping or the path of a YAML file, "
+            f"not {type(source).__name__}: {short_repr(source)}"
+        )
+    try:
         return LayoutSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}" for e in exc.errors())
-        raise AdapterError(f"invalid layout spec ({where}): {problems}") from None
-    except OSError as exc:
-        raise AdapterError(f"cannot read layout spec {where}: {exc}") from None
+        raise AdapterError(f"invalid layout spec ({where}): {validation_problems(exc)}") from None
+
+
+def validation_problems(exc: ValidationError, limit: int = 8) -> str:
+    """pydantic's errors as ``key=value: problem`` items, each value and the whole list bounded."""
+    errors = exc.errors()
+    items = [
+        f"{'.'.join(clip(str(p), 60) for p in e['loc'])}"
+        f"{'' if e['type'] == 'missing' else '=' + short_repr(e.get('input'))}: {clip(e['msg'], 200)}"
+        for e in errors[:limit]
+    ]
+    if len(errors) > limit:
+        items.append(f"and {len(errors) - limit} more")
+    return "; ".join(items)
+
+
+def _comparable(value: Any) -> Any:
+    """Lists and tuples compare by their items: attrs=("k",) agrees with a spec's [k]."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _axes_or_none(value: Any) -> tuple[Axis, ...] | None:
+    try:
+        return parse_axes(value)
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def merge_spec_options(spec: LayoutSpec, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -137,10 +181,12 @@ def merge_spec_options(spec: LayoutSpec, options: Mapping[str, Any]) -> dict[str
     for key, value in options.items():
         if value is None:
             continue
-        if key in merged and merged[key] != value and key != "axes":
-            raise AdapterError(f"option {key}={value!r} contradicts spec {spec.name}: {key}={merged[key]!r}")
-        if key == "axes" and parse_axes(value) != spec.parsed_axes:
-            raise AdapterError(f"option axes={value!r} contradicts spec {spec.name}: axes={spec.axes!r}")
+        if key in merged and _comparable(merged[key]) != _comparable(value) and key != "axes":
+            raise AdapterError(
+                f"option {key}={short_repr(value)} contradicts spec {spec.name}: {key}={short_repr(merged[key])}"
+            )
+        if key == "axes" and _axes_or_none(value) != spec.parsed_axes:
+            raise AdapterError(f"option axes={short_repr(value)} contradicts spec {spec.name}: axes={spec.axes!r}")
         merged[key] = value
     return merged
 

@@ -66,7 +66,40 @@ def missing(rank: int, world: int) -> Any:
     return align_across_ranks(adapt(_pool(rank)), timeout=TIMEOUT).num_blocks
 
 
-SCENARIOS = {"sizes": sizes, "block_counts": block_counts, "mismatch": mismatch, "missing": missing}
+def mixed_calls(rank: int, world: int) -> Any:
+    """Rank 0 aligns views, the others block counts (rank 2 over other names): a programming error."""
+    if rank == 0:
+        return align_across_ranks(adapt(_pool(rank)), timeout=TIMEOUT).num_blocks
+    names = ("num_cpu_blocks",) if rank == 2 else ("num_cpu_blocks", "num_ssd_blocks")
+    return align_block_counts({"num_cpu_blocks": 8, "num_ssd_blocks": 9}, timeout=TIMEOUT, names=names)
+
+
+BAD_COUNTS: dict[int, Any] = {1: -1, 2: 7.9}
+
+
+def bad_counts(rank: int, world: int) -> Any:
+    """Ranks 1 and 2 hold counts that are not block counts; every rank must refuse, none may hang."""
+    config = {"num_cpu_blocks": BAD_COUNTS.get(rank, 100 + rank), "num_ssd_blocks": None}
+    try:
+        align_block_counts(config, timeout=TIMEOUT)
+    finally:
+        assert config["num_cpu_blocks"] == BAD_COUNTS.get(rank, 100 + rank)  # nothing agreed, nothing written
+
+
+def bad_timeout(rank: int, world: int) -> Any:
+    """Rank 1 passes timeout=nan: refused on rank 1 at once; rank 0 waits its own timeout, then fails."""
+    return align_block_counts({"num_cpu_blocks": 4}, timeout=float("nan") if rank == 1 else TIMEOUT)
+
+
+SCENARIOS = {
+    "sizes": sizes,
+    "block_counts": block_counts,
+    "mismatch": mismatch,
+    "missing": missing,
+    "mixed_calls": mixed_calls,
+    "bad_counts": bad_counts,
+    "bad_timeout": bad_timeout,
+}
 
 
 def run(rank: int, world: int, rendezvous: str, scenario: str, queue: Any) -> None:

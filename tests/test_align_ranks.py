@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import pytest
 
 from flexkv_adapter import AdapterError, adapt
-from flexkv_adapter.align import align_across_ranks
+from flexkv_adapter.align import align_across_ranks, align_block_counts
+from flexkv_adapter.errors import AlignmentError
 
 from . import dist_worker
 from .helpers import SGLangLikeMHAPool
+
+
+@dataclass(frozen=True)
+class FrozenConfig:
+    num_cpu_blocks: int
+
+
+class RaisingConfig:
+    @property
+    def num_cpu_blocks(self) -> int:
+        raise RuntimeError("not configured yet")
 
 
 def _run(world: int, scenario: str, tmp_path) -> dict[int, tuple]:
@@ -76,3 +90,58 @@ def test_alignment_needs_a_process_group():
     view = adapt(SGLangLikeMHAPool(48, 16, __import__("torch").float32, head_num=2, head_dim=4, layer_num=2))
     with pytest.raises(AdapterError, match="initialised torch.distributed"):
         align_across_ranks(view)
+
+
+def test_ranks_calling_different_collectives_all_fail_with_an_alignment_error(tmp_path):
+    results = _run(3, "mixed_calls", tmp_path)
+    for rank, (status, message, elapsed) in results.items():
+        assert status == "AlignmentError", (rank, message)
+        assert "rank 0: align_across_ranks" in message and "rank 2: align_block_counts(num_cpu_blocks)" in message
+        assert elapsed < 20
+
+
+def test_invalid_block_counts_are_refused_on_every_rank_before_agreeing(tmp_path):
+    results = _run(3, "bad_counts", tmp_path)
+    for rank, (status, message, elapsed) in results.items():
+        assert status == "AlignmentError", (rank, message)
+        assert "rank 1: num_cpu_blocks=-1" in message and "rank 2: num_cpu_blocks=7.9" in message, message
+        assert elapsed < 20
+
+
+def test_an_invalid_timeout_fails_at_once_and_the_other_ranks_do_not_hang(tmp_path):
+    results = _run(2, "bad_timeout", tmp_path)
+    status, message, elapsed = results[1]
+    assert status == "AlignmentError" and "timeout=nan" in message and elapsed < 1
+    status, message, elapsed = results[0]
+    assert status == "AlignmentError" and "not every rank reached align_block_counts" in message and elapsed < 20
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, 0, True, "5", float("inf"), 1e12])
+def test_invalid_timeouts_are_refused_before_the_collective(timeout):
+    with pytest.raises(AlignmentError, match="timeout="):
+        align_block_counts({"num_cpu_blocks": 4}, timeout=timeout)
+    view = adapt(SGLangLikeMHAPool(48, 16, __import__("torch").float32, head_num=2, head_dim=4, layer_num=2))
+    with pytest.raises(AlignmentError, match="timeout="):
+        align_across_ranks(view, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"num_cpu_blocks": -1}, "num_cpu_blocks=-1"),
+        ({"num_cpu_blocks": 7.9}, "num_cpu_blocks=7.9"),
+        ({"num_cpu_blocks": True}, "num_cpu_blocks=True"),
+        ({"num_cpu_blocks": "8"}, "num_cpu_blocks='8'"),
+        (MappingProxyType({"num_cpu_blocks": 8}), "cannot be updated"),
+        (FrozenConfig(8), "cannot set num_cpu_blocks"),
+        (RaisingConfig(), "reading num_cpu_blocks raised"),
+    ],
+)
+def test_invalid_block_counts_are_refused_on_the_calling_rank(config, message):
+    with pytest.raises(AlignmentError, match=message):
+        align_block_counts(config)
+
+
+def test_align_across_ranks_needs_a_view():
+    with pytest.raises(AlignmentError, match="needs a view"):
+        align_across_ranks(object())  # type: ignore[arg-type]

@@ -75,3 +75,49 @@ def test_retries_are_bounded(fake_flexkv):
 def test_register_without_flexkv_names_the_fix(no_flexkv):
     with pytest.raises(FlexKVUnavailableError, match="taco-project/FlexKV"):
         register(_view(), RecordingClient())
+
+
+class NoRegister:
+    register_to_server = "not a method"
+
+
+@pytest.mark.parametrize("client", [object(), NoRegister(), None])
+def test_a_client_that_cannot_register_fails_at_once(fake_flexkv, client, monkeypatch):
+    import time
+
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("retried a programming error"))
+    with pytest.raises(AdapterError, match="register_to_server"):
+        register(_view(), client, interval_s=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"attempts": 0}, "attempts"),
+        ({"attempts": -1}, "attempts"),
+        ({"attempts": True}, "attempts"),
+        ({"attempts": 2.5}, "attempts"),
+        ({"attempts": "3"}, "attempts"),
+        ({"interval_s": -1}, "interval_s"),
+        ({"interval_s": float("nan")}, "interval_s"),
+        ({"interval_s": float("inf")}, "interval_s"),
+        ({"interval_s": True}, "interval_s"),
+        ({"interval_s": "1"}, "interval_s"),
+        ({"override_device_id": -1}, "override_device_id"),
+        ({"override_device_id": True}, "override_device_id"),
+        ({"override_device_id": "0"}, "override_device_id"),
+    ],
+)
+def test_retry_options_are_validated_before_anything_runs(fake_flexkv, options, message):
+    client = RecordingClient()
+    with pytest.raises(AdapterError, match=message):
+        register(_view(), client, **options)
+    assert client.calls == []
+
+
+@pytest.mark.parametrize("error", [AttributeError("no use_mla"), KeyError("x"), NotImplementedError("dsv4")])
+def test_programming_errors_in_the_client_are_not_retried(fake_flexkv, error):
+    client = RecordingClient([error])
+    with pytest.raises(type(error)):
+        register(_view(), client, interval_s=0)
+    assert len(client.calls) == 1

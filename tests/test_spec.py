@@ -112,7 +112,7 @@ def test_invalid_specs_and_conflicting_options(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(AdapterError, match="YAML mapping"):
         load_spec(bad)
-    with pytest.raises(AdapterError, match="cannot read"):
+    with pytest.raises(AdapterError, match="missing.yaml does not exist"):
         load_spec(tmp_path / "missing.yaml")
     pool = SimpleNamespace(kv_cache=distinct((2, 2, 32, 2, 8)), page_size=16)
     with pytest.raises(AdapterError, match="contradicts spec"):

@@ -166,7 +166,7 @@ def install() -> None:
     connectors = [t for t in (IN_TREE_CONNECTOR, FLEXKV_CONNECTOR) if module_exists(t.rsplit(".", 1)[0])]
     try:
         settings = load_settings()
-    except Exception as exc:  # also a malformed YAML file, which load_settings lets through as yaml's error
+    except Exception as exc:  # fail closed: SGLang would log anything raised here and run without hooks
         if not isinstance(exc, AdapterError):
             exc = SettingsError(f"cannot read the settings: {type(exc).__name__}: {exc}")
         logger.error("%s: settings failed to load; FlexKV connectors will refuse to start: %s", PREFIX, exc)

@@ -202,7 +202,7 @@ def test_in_tree_connector_on_current_flexkv_is_refused_at_once(sglang_env, mode
     ("env", "match"),
     [
         ({"FLEXKV_ADAPTER_REMOTE": "exernal"}, "(?s)loading its settings.*remote='exernal'"),
-        ({"FLEXKV_ADAPTER_CONFIG": "{yaml}"}, "(?s)loading its settings.*cannot read the settings: ParserError"),
+        ({"FLEXKV_ADAPTER_CONFIG": "{yaml}"}, "(?s)loading its settings.*bad.yaml is invalid YAML: line 2"),
     ],
     ids=["bad-value", "malformed-yaml"],
 )
