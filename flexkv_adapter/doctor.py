@@ -73,9 +73,15 @@ def settings_checks(s: AdapterSettings) -> list[Check]:
                 checks.append(Check("master_host", "ok", f"{s.master_host} ({kind})"))
     total, tp = s.total_kv_heads, s.tp_size
     if total is not None:
-        if total < tp and not s.replicated_kv_heads:
+        if 1 < total < tp:
             checks.append(
-                Check("kv_heads", "error", f"total_kv_heads={total} < tp_size={tp} needs replicated_kv_heads")
+                Check(
+                    "kv_heads",
+                    "error",
+                    f"total_kv_heads={total} < tp_size={tp}: ranks hold replicated KV heads, which FlexKV reads "
+                    f"correctly only when its ModelConfig counts the replicas (plan(..., model_config=) with "
+                    f"num_kv_heads = heads per rank x tp_size)",
+                )
             )
         elif total >= tp and total % tp:
             checks.append(Check("kv_heads", "error", f"total_kv_heads={total} is not divisible by tp_size={tp}"))

@@ -59,7 +59,6 @@ class AdapterSettings(BaseSettings):
     hybrid: Literal["error", "attention_only"] = "error"
     tp_size: PositiveInt = 1
     total_kv_heads: PositiveInt | None = None
-    replicated_kv_heads: bool = False
     align_timeout_s: PositiveFloat = 60.0
     register_attempts: PositiveInt = 360
     register_interval_s: NonNegativeFloat = 1.0

@@ -73,6 +73,12 @@ def test_head_settings_and_invalid_settings(capsys, monkeypatch):
     monkeypatch.setenv("FLEXKV_ADAPTER_TOTAL_KV_HEADS", "6")
     code, result = _doctor(capsys)
     assert code == 1 and "not divisible" in _check(result, "kv_heads")["detail"]
+    monkeypatch.setenv("FLEXKV_ADAPTER_TP_SIZE", "8")  # 6 heads on 8 ranks: replicated GQA
+    code, result = _doctor(capsys)
+    assert code == 1 and "counts the replicas" in _check(result, "kv_heads")["detail"]
+    monkeypatch.setenv("FLEXKV_ADAPTER_TOTAL_KV_HEADS", "1")  # MQA: every rank holds the one head
+    code, result = _doctor(capsys)
+    assert code == 0 and _check(result, "kv_heads")["status"] == "ok"
     monkeypatch.setenv("FLEXKV_ADAPTER_TP_SIZE", "zero")
     code, result = _doctor(capsys)
     assert code == 1 and "tp_size='zero'" in _check(result, "settings")["detail"]
