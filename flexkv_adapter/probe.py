@@ -8,11 +8,14 @@ traceback from deep inside recognition.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from .errors import AdapterError
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def probe(obj: object, name: str, *, tolerate: bool = False) -> Any:
@@ -50,8 +53,13 @@ def storage_problem(t: torch.Tensor) -> str | None:
     if t.is_meta or t.device.type == "meta":
         return "is on the meta device: it has a shape but no memory"
     try:
-        address = t.untyped_storage().data_ptr()
-    except Exception as exc:  # tensor subclasses without storage (FakeTensor, functional wrappers)
+        if type(t) in _PLAIN:
+            address = t.untyped_storage().data_ptr()
+        else:  # subclasses (FakeTensor, functional wrappers) may warn or raise when asked for memory
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                address = t.untyped_storage().data_ptr()
+    except Exception as exc:
         return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
     if address == 0 and t.numel() > 0:
         return f"has no memory behind it (a {type(t).__name__} without storage, e.g. a FakeTensor)"
