@@ -218,6 +218,8 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         return f"{located.family} attributes do not hold {interp.kind.upper()} buffers"
     if interp.per_layer == (Axis.LAYER in axes):
         return "a per-layer reading cannot have an L axis"
+    if located.outer == (Axis.KV,) and interp.per_layer:
+        return "a [K, V] pair of tensors is read whole: its axes need L (a list of per-layer tensors has none)"
     if located.split and len(located.containers[0].tensors) != len(located.containers[1].tensors):
         k, v = located.containers
         return f"{k.attr} has {len(k.tensors)} entries but {v.attr} has {len(v.tensors)}"
