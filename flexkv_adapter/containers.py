@@ -87,7 +87,10 @@ def make_container(attr: str, value: object) -> Container | str:
     if isinstance(value, torch.Tensor):
         return _storage_problem(attr, (value,)) or Container(attr, (value,), is_sequence=False)
     if isinstance(value, Mapping):
-        items = list(value.items())
+        try:
+            items = list(value.items())
+        except Exception as exc:  # a Mapping subclass whose items() fails
+            return f"{attr} is a {type(value).__name__} whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
         if not items or not all(isinstance(t, torch.Tensor) for _, t in items):
             return f"{attr} is a dict but not a non-empty dict of tensors"
         if why := _storage_problem(attr, [t for _, t in items]):

@@ -52,6 +52,8 @@ def storage_problem(t: torch.Tensor) -> str | None:
         return f"is a {str(t.layout).removeprefix('torch.')} tensor; FlexKV copies dense (strided) memory"
     if t.is_meta or t.device.type == "meta":
         return "is on the meta device: it has a shape but no memory"
+    if t.numel() == 0:
+        return f"is empty (shape {tuple(t.shape)})"
     try:
         if type(t) in _PLAIN:
             address = t.untyped_storage().data_ptr()

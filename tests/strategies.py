@@ -239,6 +239,8 @@ def _no_storage(t: torch.Tensor, kind: str) -> torch.Tensor:
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
     if kind == "coo":
         return t.to_sparse()
+    if kind == "empty":
+        return t[..., :0]
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -247,10 +249,10 @@ def _no_storage(t: torch.Tensor, kind: str) -> torch.Tensor:
 
 @st.composite
 def storage_less(draw: st.DrawFn) -> Case:
-    """Valid pools in which one tensor (or all) has no real memory: meta, fake, sparse."""
+    """Valid pools in which one tensor (or all) has no real memory: meta, fake, sparse, empty."""
     heads, dim, page, rows = _geometry(draw)
     layers = draw(st.integers(1, 3))
-    kind = draw(st.sampled_from(["meta", "meta", "coo", "fake"]))
+    kind = draw(st.sampled_from(["meta", "meta", "coo", "fake", "empty"]))
     form = draw(st.sampled_from(["k/v lists", "kv list", "dict", "flat", "pairs"]))
     shape = {"k/v lists": (rows, heads, dim), "pairs": (rows, heads, dim), "flat": (layers, 2, rows, heads, dim)}.get(
         form, (2, rows, heads, dim)

@@ -187,8 +187,9 @@ def _fake(shape: tuple[int, ...]) -> torch.Tensor:
         _fake,
         lambda s: torch.zeros(s).to_sparse(),
         lambda s: torch.zeros(s[0], s[1] * s[2]).to_sparse_csr(),
+        lambda s: torch.zeros(s[0], 0, s[2]),
     ],
-    ids=["meta", "fake", "coo", "csr"],
+    ids=["meta", "fake", "coo", "csr", "empty"],
 )
 def test_tensors_without_storage_are_refused(make):
     t = make((N, H, D))
@@ -230,6 +231,15 @@ def test_an_attribute_that_raises_is_named(attr):
         pool.kv_cache = [_t(0, (2, N, H, D))]
     with pytest.raises(AdapterError, match=f"Pool.{attr} raised RuntimeError"):
         adapt(pool, page_size=PS)
+
+
+def test_a_mapping_whose_items_raise_is_an_adapter_error():
+    class Broken(dict):
+        def items(self):
+            raise RuntimeError("broken")
+
+    with pytest.raises(AdapterError, match="items\\(\\) raised RuntimeError"):
+        adapt(Broken({"layers.0": _t(0, (2, 3, PS, H, D))}), page_size=PS)
 
 
 def test_a_recursive_getattr_is_an_adapter_error():
