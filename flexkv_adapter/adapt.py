@@ -52,7 +52,8 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
 
     Order of precedence: ``spec=``; explicit ``attrs=``/``axes=``; hybrid wrappers (unwrapped to
     their attention sub-pool, other state exposed as ``view.side_groups``); recogniser plugins;
-    user-registered and built-in attribute names.
+    user-registered and built-in attribute names. Explicit ``attrs=`` (dotted paths allowed) are
+    read as named: a hybrid wrapper is then not unwrapped. Options are validated once, on entry.
 
     Raises:
         UnsupportedPoolError: nothing in the pool reads as KV buffers (lists every reason).

@@ -20,9 +20,10 @@ class AdaptOptions(TypedDict, total=False):
 
     kind: "mha" or "mla", when the tensors alone cannot tell.
     axes: the meaning of each tensor axis, e.g. "L KV N H D" (see :class:`~flexkv_adapter.Axis`).
-    attrs: the attribute name(s) to read: one (K and V together, or MLA) or two (K, V).
+    attrs: the attribute name(s) or dotted paths to read: one (K and V together, or MLA) or two (K, V).
     layer_num, head_num, head_dim, v_head_dim, kv_dim: geometry the tensors must match.
-    start_layer: global id of the first layer (pipeline stages); layer_ids: explicit ids.
+    start_layer: global id of the first layer (pipeline stages; refused for dicts, whose names give
+    ids); layer_ids: explicit ids, for a dict in the dict's order (they must agree with its names).
     dtype: expose the bytes as this dtype (zero-copy); for a 1-D byte buffer, its element type.
     shape, offset: the declared geometry of a 1-D byte buffer (offset in bytes).
     spec: a :class:`~flexkv_adapter.spec.LayoutSpec`, a dict, or a YAML path describing the layout.
