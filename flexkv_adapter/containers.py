@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -37,7 +38,7 @@ class Container:
     def keyed(self) -> bool:
         return self.dict_order is not None
 
-    @property
+    @cached_property
     def uniform(self) -> bool:
         """Every tensor has the first one's shape (then checking the first checks them all)."""
         first = self.tensors[0].shape

@@ -47,22 +47,22 @@ def probe_int(obj: object, name: str) -> int | None:
 
 
 def storage_problem(t: torch.Tensor) -> str | None:
-    """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse), or None if it has."""
+    """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse, empty), or None if it has."""
+    plain = type(t) in _PLAIN
+    if plain and t.layout is torch.strided and not t.is_meta and t.numel():
+        return None  # the common case: a dense tensor with memory behind it
     if t.layout is not torch.strided:
         return f"is a {str(t.layout).removeprefix('torch.')} tensor; FlexKV copies dense (strided) memory"
-    if t.is_meta or t.device.type == "meta":
+    if t.is_meta:
         return "is on the meta device: it has a shape but no memory"
     if t.numel() == 0:
         return f"is empty (shape {tuple(t.shape)})"
-    try:
-        if type(t) in _PLAIN:
+    try:  # subclasses (FakeTensor, functional wrappers) may warn or raise when asked for memory
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             address = t.untyped_storage().data_ptr()
-        else:  # subclasses (FakeTensor, functional wrappers) may warn or raise when asked for memory
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                address = t.untyped_storage().data_ptr()
     except Exception as exc:
         return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
-    if address == 0 and t.numel() > 0:
+    if address == 0:
         return f"has no memory behind it (a {type(t).__name__} without storage, e.g. a FakeTensor)"
     return None
