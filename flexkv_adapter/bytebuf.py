@@ -39,7 +39,7 @@ def _shape_bytes(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, 
         raise AdapterError(f"a byte buffer must be contiguous, got {describe(buf)}")
     itemsize, nbytes = dtype.itemsize, buf.numel() * buf.element_size()
     start = buf.storage_offset() * buf.element_size() + offset  # bytes from the storage's start
-    if start % itemsize or buf.data_ptr() % itemsize:
+    if start % itemsize:  # what a zero-copy .view(dtype) of the bytes needs
         raise AdapterError(
             f"offset={offset} puts the {dtype} data at byte {start} of its storage, not a multiple of its "
             f"itemsize {itemsize} ({describe(buf)}); use an offset that aligns it"

@@ -6,7 +6,7 @@ the hypothesis profile loaded in conftest.py ("ci": 2,000 per strategy, derandom
 
 from __future__ import annotations
 
-from hypothesis import given, note
+from hypothesis import event, given, note
 
 from flexkv_adapter import AdapterError, adapt
 
@@ -28,8 +28,10 @@ def _holds(case: Case) -> None:
     try:
         view = adapt(case.pool, **case.options)
     except AdapterError as exc:
+        event(f"refused: {type(exc).__name__}")
         assert not case.must_succeed, f"refused a fully specified, addressable input: {exc}"
         return
+    event("adapted")
     check_view(view, case)
 
 
