@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
@@ -53,10 +54,15 @@ _MAX_EXTENT = 1 << 40  # no real dimension, layer id or byte offset comes near i
 
 
 def _int(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value < _MAX_EXTENT:
-        what = "a positive integer" if minimum == 1 else "a non-negative integer"
+    """An integer (numpy and 0-d tensor integers too, via ``__index__``); never a bool or a float."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if number is None or not minimum <= number < _MAX_EXTENT:
+        what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
         raise AdapterError(f"{name} must be {what}, got {_short(value)}")
-    return value
+    return number
 
 
 def _choice(*allowed: str) -> Callable[[str, object], str]:
@@ -84,7 +90,9 @@ def _layer_ids(name: str, value: object) -> list[int]:
 def _shape(name: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         raise AdapterError(f"{name} must be a non-empty list of sizes (one may be -1), got {_short(value)}")
-    dims = tuple(-1 if v == -1 and not isinstance(v, bool) else _int(f"{name}[{i}]", v, 1) for i, v in enumerate(value))
+    dims = tuple(_int(f"{name}[{i}]", v, -1) for i, v in enumerate(value))
+    if 0 in dims:
+        raise AdapterError(f"{name}={_short(value)}: sizes must be positive (or one -1)")
     if dims.count(-1) > 1:
         raise AdapterError(f"{name}={_short(value)} may hold at most one -1")
     return dims

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -332,6 +333,7 @@ def test_mamba_cache_without_dict_is_reported_not_enumerated():
         {"head_num": 2.0},
         {"dtype": "bfloat16"},
         {"shape": "2,2"},
+        {"shape": [torch.tensor([1, 2]), 2, 16, 2, 8]},
         {"offset": -8},
         {"page_size": True},
         {"page_size": "16"},
@@ -343,6 +345,12 @@ def test_option_types_are_checked_at_the_boundary(options):
     page_size = options.pop("page_size", PS)
     with pytest.raises(AdapterError):
         adapt(pool, page_size, **options)
+
+
+def test_integers_that_are_not_python_ints_are_accepted():
+    pool = SimpleNamespace(k_buffer=[_t(0)], v_buffer=[_t(5_000)])
+    view = adapt(pool, np.int64(PS), layer_ids=[np.int32(7)], head_num=torch.tensor(H))
+    assert view.layer_ids == [7] and view.page_size == PS and type(view.page_size) is int
 
 
 def test_register_attribute_names_checks_kind():
