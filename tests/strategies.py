@@ -80,8 +80,8 @@ def _geometry(draw: st.DrawFn) -> tuple[int, int, int, int]:
 
 @st.composite
 def pair_confusions(draw: st.DrawFn) -> Case:
-    """(k, v) pairs, [k_list, v_list] and [K_all, V_all], 1-3 layers, with or without axes=."""
-    form = draw(st.sampled_from(["pairs", "kv-lists", "kv-tensors"]))
+    """(k, v) pairs, [k_list, v_list], [K_all, V_all] and per-layer [2, N, H, D] lists, 1-3 layers."""
+    form = draw(st.sampled_from(["pairs", "kv-lists", "kv-tensors", "per-layer-kv"]))
     layers = draw(st.integers(1, 3))
     heads, dim, page, rows = _geometry(draw)
     v_dim = draw(st.sampled_from([dim, dim, 2 * dim]))
@@ -91,6 +91,10 @@ def pair_confusions(draw: st.DrawFn) -> Case:
         v_all = distinct((layers, rows, heads, v_dim), DTYPE, 50_000)
         pool, roots = outer([k_all, v_all]), [k_all, v_all]
         expected = {"k": list(k_all.unbind(0)), "v": list(v_all.unbind(0))}
+    elif form == "per-layer-kv":
+        ts = [distinct((2, rows, heads, dim), DTYPE, 1000 * i) for i in range(layers)]
+        pool, roots, expected = outer(ts), ts, {"k": [t[0] for t in ts], "v": [t[1] for t in ts]}
+        v_dim = dim
     else:
         ks = [distinct((rows, heads, dim), DTYPE, 1000 * i) for i in range(layers)]
         vs = [distinct((rows, heads, v_dim), DTYPE, 1000 * i + 500) for i in range(layers)]
@@ -99,7 +103,8 @@ def pair_confusions(draw: st.DrawFn) -> Case:
         roots, expected = [*ks, *vs], {"k": ks, "v": vs}
     options: dict[str, Any] = {"page_size": page}
     if draw(st.booleans()):
-        options["axes"] = "L KV N H D" if form == "pairs" else "KV L N H D"
+        per_layer = draw(st.sampled_from(["KV N H D", "L KV N H D"]))
+        options["axes"] = {"pairs": "L KV N H D", "per-layer-kv": per_layer}.get(form, "KV L N H D")
     if draw(st.booleans()):
         options["layer_num"] = layers
     must = "axes" in options and _ok(page, heads, dim, v_dim) and rows >= page and _aligned(expected)
