@@ -32,7 +32,7 @@ from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
 from .plugins import plugin_spec
 from .probe import probe
-from .recognize import candidates, declared_axes, locate, mismatch
+from .recognize import candidates, declared_axes, locate, mismatch, reading_text
 from .report import Report
 from .spec import load_spec, merge_spec_options
 from .views import MHAView, MLAView, PoolView
@@ -307,7 +307,7 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
         source_kind=type(pool).__name__,
         recognizer=located.family,
         attributes=attrs,
-        reading=str(interp),
+        reading=reading_text(located, interp),
         kind=interp.kind,
         layer_ids=tuple(layer_ids),
         excluded_layers=(),

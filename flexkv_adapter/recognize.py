@@ -158,8 +158,10 @@ def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
             out += [(rule.family, rule.names, i) for i in _READINGS[(split, sequence)] if i.kind in rule.kinds]
     out += [("flat-tensor", (), i) for i in _READINGS[(False, False)]]
     out += [(family, (), i) for family in ("vllm-dict", "sequence") for i in _READINGS[(False, True)]]
-    out += [(family, (), i) for family in ("kv-pair-lists", "layer-pairs") for i in _READINGS[(True, True)]]
-    out += [("kv-pair-tensors", (), i) for i in _READINGS[(True, False)]]
+    nested = (("kv-pair-lists", (Axis.KV, Axis.LAYER), True), ("layer-pairs", (Axis.LAYER, Axis.KV), True))
+    for family, outer, sequence in (*nested, ("kv-pair-tensors", (Axis.KV,), False)):
+        # written with the container axes, so each reads only its own family (see tensor_axes)
+        out += [(family, (), Interpretation(i.kind, (*outer, *i.axes), False)) for i in _READINGS[(True, sequence)]]
     return out
 
 
@@ -184,6 +186,11 @@ def declared_axes(located: Located, interp: Interpretation) -> str:
     """The ``axes=`` that selects ``interp`` of ``located`` (with the container axes when they matter)."""
     outer = located.outer if Axis.KV in located.outer else ()
     return format_axes((*outer, *interp.axes))
+
+
+def reading_text(located: Located, interp: Interpretation) -> str:
+    """The report's reading; for a list whose levels are L and KV, the full axes that select it."""
+    return f"{interp.kind.upper()} [{declared_axes(located, interp)}]" if Axis.KV in located.outer else str(interp)
 
 
 def plane_sources(located: Located, interp: Interpretation) -> list[tuple[Plane, Container, int | None]]:

@@ -40,6 +40,9 @@ def test_two_layer_kv_pairs_are_never_read_as_k_and_v_lists(outer, inner):
     with pytest.raises(AmbiguousLayoutError):  # both readings have two layers: layer_num cannot settle it
         adapt(pairs, page_size=PS, layer_num=2)
     view = adapt(pairs, page_size=PS, axes="L KV N H D")
+    assert view.report.reading == "MHA [L KV N H D]"  # the axes that select it again, e.g. in a spec
+    pinned = adapt(pairs, page_size=PS, spec={"name": "pairs", "axes": "L KV N H D"})
+    assert [t.data_ptr() for t in pinned.tensors()] == [t.data_ptr() for t in view.tensors()]
     for i, (k, v) in enumerate(pairs):
         assert_aliases(view.k_buffer[i], k, k)
         assert_aliases(view.v_buffer[i], v, v)
