@@ -33,17 +33,15 @@ class NameRule:
     kinds: frozenset[ViewKind]
 
 
-_BOTH, _MHA, _MLA = BOTH, MHA, MLA
-
 _BUILTIN_RULES: tuple[NameRule, ...] = (
-    NameRule("sglang-mha", ("k_buffer", "v_buffer"), _MHA),
-    NameRule("sglang-mla", ("kv_buffer",), _MLA),
-    NameRule("renamed", ("k_cache", "v_cache"), _MHA),
-    NameRule("renamed", ("key_cache", "value_cache"), _MHA),
-    NameRule("renamed", ("k_buffers", "v_buffers"), _MHA),
-    NameRule("renamed", ("k_caches", "v_caches"), _MHA),
-    NameRule("renamed", ("kv_cache",), _BOTH),
-    NameRule("renamed", ("kv_caches",), _BOTH),
+    NameRule("sglang-mha", ("k_buffer", "v_buffer"), MHA),
+    NameRule("sglang-mla", ("kv_buffer",), MLA),
+    NameRule("renamed", ("k_cache", "v_cache"), MHA),
+    NameRule("renamed", ("key_cache", "value_cache"), MHA),
+    NameRule("renamed", ("k_buffers", "v_buffers"), MHA),
+    NameRule("renamed", ("k_caches", "v_caches"), MHA),
+    NameRule("renamed", ("kv_cache",), BOTH),
+    NameRule("renamed", ("kv_caches",), BOTH),
 )
 _user_rules: list[NameRule] = []
 
@@ -64,7 +62,7 @@ def register_attribute_names(*names: str, kind: ViewKind | None = None, family: 
         raise AdapterError(f"family must be a string, got {family!r}")
     if len(names) == 2 and kind == "mla":
         raise AdapterError("two names mean separate K and V buffers, which is MHA; MLA takes one name")
-    kinds = frozenset({kind}) if kind else (_BOTH if len(names) == 1 else _MHA)
+    kinds = frozenset({kind}) if kind else (BOTH if len(names) == 1 else MHA)
     rule = NameRule(family, tuple(names), kinds)
     if rule not in _user_rules:
         _user_rules.append(rule)
@@ -81,13 +79,13 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
     declined: list[str] = []
     absent: list[str] = []
     if attrs:
-        rules: Iterable[NameRule] = [NameRule("attrs", tuple(attrs), _MHA if len(attrs) == 2 else _BOTH)]
+        rules: Iterable[NameRule] = [NameRule("attrs", tuple(attrs), MHA if len(attrs) == 2 else BOTH)]
     elif isinstance(pool, torch.Tensor):
         c = make_container(SELF, pool)
-        return ([Located("flat-tensor", (c,), _BOTH)], []) if isinstance(c, Container) else ([], [c])
+        return ([Located("flat-tensor", (c,), BOTH)], []) if isinstance(c, Container) else ([], [c])
     elif isinstance(pool, Mapping):
         c = make_container(SELF, pool)
-        return ([Located("vllm-dict", (c,), _BOTH)], []) if isinstance(c, Container) else ([], [c])
+        return ([Located("vllm-dict", (c,), BOTH)], []) if isinstance(c, Container) else ([], [c])
     elif isinstance(pool, (list, tuple)):
         return locate_sequence(pool)
     else:

@@ -10,6 +10,7 @@ import torch
 
 from flexkv_adapter import (
     AdapterError,
+    InconsistentLayersError,
     adapt,
     register_attribute_names,
 )
@@ -127,6 +128,13 @@ def _full() -> SimpleNamespace:
 def test_malformed_hybrid_metadata_is_an_adapter_error(pool):
     with pytest.raises(AdapterError):
         adapt(pool, page_size=PS, hybrid="attention_only")
+
+
+@pytest.mark.parametrize("ids", [[1.5], [True], [-1], ["0"]])
+def test_malformed_model_layer_ids_are_refused(ids):
+    pool = SimpleNamespace(k_buffer=[_t(0)], v_buffer=[_t(5_000)], model_layer_ids=ids)
+    with pytest.raises(InconsistentLayersError, match="model_layer_ids"):
+        adapt(pool, page_size=PS)
 
 
 def test_mamba_cache_without_dict_is_reported_not_enumerated():
