@@ -89,6 +89,17 @@ def test_k_all_v_all_with_two_layers_is_ambiguous_and_three_is_read():
     assert_aliases(view.v_buffer[2], v3[2], v3)
 
 
+def test_layer_num_settles_the_pair_reading_where_the_layer_counts_differ():
+    # two tensors [3, 2, 16, H, D]: two vLLM >= 0.23 layers [NB, 2, BS, H, D], or K and V of 3 paged layers
+    k_all, v_all = _t(0, (3, 2, PS, H, D)), _t(50_000, (3, 2, PS, H, D))
+    with pytest.raises(AmbiguousLayoutError, match="axes='KV L P T H D'"):
+        adapt([k_all, v_all])
+    view = adapt([k_all, v_all], layer_num=3)
+    assert view.report.recognizer == "kv-pair-tensors" and view.layer_ids == [0, 1, 2]
+    assert_aliases(view.v_buffer[2], v_all[2].reshape(2 * PS, H, D), v_all)
+    assert plan([k_all, v_all], layer_num=2, head_num=H).num_layer == 2  # per-layer blocks-first, registered whole
+
+
 # 2. explicit attrs / spec beat hybrid unwrapping -----------------------------------------------
 
 
