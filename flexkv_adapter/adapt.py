@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import replace
-from math import prod
 from typing import Any
 
 import torch
@@ -13,6 +12,7 @@ from typing_extensions import Unpack
 
 from . import hybrid
 from .axes import Axis
+from .bytebuf import apply_declared_shape
 from .carve import (
     Planes,
     aliased_bytes,
@@ -26,11 +26,13 @@ from .carve import (
     signature,
     trim_rows,
 )
+from .containers import Container, Located
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
 from .layout import Geometry, Interpretation
-from .options import AdaptOptions, resolve_geometry
+from .options import AdaptOptions, resolve_geometry, validate_options
 from .plugins import plugin_spec
-from .recognize import Container, Located, candidates, locate, mismatch
+from .probe import probe
+from .recognize import candidates, declared_axes, locate, mismatch, reading_text
 from .report import Report
 from .spec import load_spec, merge_spec_options
 from .views import MHAView, MLAView, PoolView
@@ -51,7 +53,8 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
 
     Order of precedence: ``spec=``; explicit ``attrs=``/``axes=``; hybrid wrappers (unwrapped to
     their attention sub-pool, other state exposed as ``view.side_groups``); recogniser plugins;
-    user-registered and built-in attribute names.
+    user-registered and built-in attribute names. Explicit ``attrs=`` (dotted paths allowed) are
+    read as named: a hybrid wrapper is then not unwrapped. Options are validated once, on entry.
 
     Raises:
         UnsupportedPoolError: nothing in the pool reads as KV buffers (lists every reason).
@@ -61,13 +64,14 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
         InconsistentLayersError: layers or K/V disagree, or an option contradicts the pool.
         AdapterError: anything else that must be refused (e.g. rows < page_size).
     """
+    given: dict[str, Any] = validate_options(options)
+    page_size = validate_options({}, page_size).get("page_size")
     if isinstance(pool, PoolView):
-        if options or (page_size is not None and page_size != pool.page_size):
+        if given or (page_size is not None and page_size != pool.page_size):
             raise AdapterError(
                 f"{pool!r} is already adapted; to change options adapt its source: adapt(view.source, ...)"
             )
         return pool
-    given: dict[str, Any] = dict(options)
     mode, spec_source = given.pop("hybrid", None), given.pop("spec", None)
     label = None
     if spec_source is not None:
@@ -82,7 +86,8 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
         )
     if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
         return adapt_vllm(pool, page_size, given.get("kind"))  # type: ignore[arg-type]
-    structure = hybrid.detect(pool)
+    # Explicit attrs (an option or a spec's) name the tensors: read them as named, never unwrapped.
+    structure = None if given.get("attrs") else hybrid.detect(pool)
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))
         view = _adapt_plain(structure.primary, page_size, given, label)
@@ -101,18 +106,23 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
     view = _adapt_plain(pool, page_size, given, label)
+    wrappers = _hybrid_markers(pool) if given.get("attrs") else []
+    if wrappers:
+        note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
+        view = view.rebuild(report=replace(view.report, notes=(*view.report.notes, note + ", ".join(wrappers))))
     return hybrid.apply_policy(view, pool, view.report.recognizer, hybrid.scale_groups(pool, view.layer_ids), mode)
+
+
+def _hybrid_markers(pool: object) -> list[str]:
+    return [m for m in _HYBRID_MARKERS if probe(pool, m, tolerate=True) is not None]
 
 
 def _is_hisparse(pool: object) -> bool:
     """HiSparse pools carry (or register later) a full -> device index mapping."""
-    try:
-        mapping = getattr(pool, "full_to_hisparse_device_index_mapping", None)
-    except Exception:  # e.g. a property that asserts hisparse is enabled
-        mapping = None
-    if mapping is not None:
+    # tolerate: SGLang's property asserts that hisparse is enabled
+    if probe(pool, "full_to_hisparse_device_index_mapping", tolerate=True) is not None:
         return True
-    register_mapping = getattr(pool, "register_mapping", None)
+    register_mapping = probe(pool, "register_mapping")
     try:
         return (
             callable(register_mapping)
@@ -141,7 +151,7 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
     fits: list[tuple[Located, Interpretation]] = []
     misfits: list[tuple[Located, Interpretation, str]] = []
     for located in found:
-        located = _apply_declared_shape(located, geometry, options, pool)
+        located = apply_declared_shape(located, geometry, options, pool)
         for interp in candidates(located, geometry):
             why = mismatch(located, interp, geometry)
             if why is None:
@@ -156,7 +166,7 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
 
 def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:
     name = type(pool).__name__
-    hybrid = [m for m in _HYBRID_MARKERS if getattr(pool, m, None) is not None]
+    hybrid = _hybrid_markers(pool)
     lines = [f"Unsupported KV cache type {name}: no recogniser found FlexKV-ready KV buffers."]
     if hybrid:
         lines.append(
@@ -169,48 +179,6 @@ def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:
         "geometry (layer_num=, head_num=, head_dim=, page_size=), or register_attribute_names(...)."
     )
     return UnsupportedPoolError("\n".join(lines))
-
-
-def _apply_declared_shape(located: Located, geometry: Geometry, options: AdaptOptions, pool: object) -> Located:
-    """View a 1-D byte buffer as its declared ``shape``/``dtype`` (zero-copy)."""
-    containers = []
-    for c in located.containers:
-        t = c.tensors[0]
-        if c.is_sequence or t.ndim != 1:
-            containers.append(c)
-            continue
-        shape, dtype = options.get("shape"), geometry.dtype
-        if shape is None or dtype is None:
-            raise AdapterError(
-                f"{type(pool).__name__}.{c.attr} is a 1-D buffer ({describe(t)}); declare its geometry "
-                f"with shape=(...), dtype=torch.<type> and axes='...' (offset= in bytes if it does not start at 0)"
-            )
-        shaped = _shape_bytes(t, tuple(shape), dtype, options.get("offset", 0))
-        containers.append(replace(c, tensors=(shaped,)))
-        located = replace(located, family="byte-buffer")
-    return replace(located, containers=tuple(containers))
-
-
-def _shape_bytes(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, offset: int) -> torch.Tensor:
-    if not buf.is_contiguous():
-        raise AdapterError(f"a byte buffer must be contiguous, got {describe(buf)}")
-    raw = buf.view(torch.uint8)
-    itemsize = dtype.itemsize
-    if offset < 0 or offset % itemsize:
-        raise AdapterError(f"offset={offset} must be a non-negative multiple of {dtype} itemsize {itemsize}")
-    available = (raw.numel() - offset) // itemsize
-    known = prod(s for s in shape if s != -1)
-    if shape.count(-1) > 1 or known <= 0:
-        raise AdapterError(f"shape={shape} may hold at most one -1 and no zero or negative sizes")
-    if -1 in shape:
-        shape = tuple(available // known if s == -1 else s for s in shape)
-    need = prod(shape) * itemsize
-    if need == 0 or offset + need > raw.numel():
-        raise AdapterError(
-            f"declared shape={shape} of {dtype} from offset {offset} needs {need} bytes but the buffer "
-            f"has {raw.numel()} ({describe(buf)})"
-        )
-    return raw[offset : offset + need].view(dtype).view(shape)
 
 
 def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[Located, Interpretation, Planes]:
@@ -228,7 +196,7 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
         first = next(iter(planes.values()))
         rows, heads, dim = rows_heads_dim(first[0])
         listed.append(
-            f"  - {loc.family} attrs={list(loc.attrs)} axes='{' '.join(a.value for a in interp.axes)}' "
+            f"  - {loc.family} attrs={list(loc.attrs)} axes='{declared_axes(loc, interp)}' "
             f"({interp.kind}): {len(first)} layers of {rows} rows x {heads} heads x {dim}"
         )
     tensors = {c.attr: c.tensors[0] for loc, _ in fits for c in loc.containers}
@@ -242,18 +210,40 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
 
 
 def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -> list[int]:
+    """Global layer ids, in the order of the views.
+
+    A dict's ``layer_ids=`` are given in the dict's order; when its names give ids too, the two
+    must agree. ``start_layer`` does not apply to a dict (its names, or ``layer_ids=``, give ids).
+    """
     container: Container = located.containers[0]
-    if geometry.layer_ids is not None:
-        if len(geometry.layer_ids) != count:
-            raise AdapterError(f"layer_ids has {len(geometry.layer_ids)} entries but the pool has {count} layers")
-        return list(geometry.layer_ids)
+    name = type(pool).__name__
+    if container.keyed and "start_layer" in geometry.given:
+        raise AdapterError(
+            f"{name}: start_layer= does not apply to a dict of layers: the names give the ids"
+            f"{f' {list(container.layer_ids)}' if container.layer_ids else ''}; pass layer_ids=[...] "
+            f"in the dict's order instead"
+        )
+    given = geometry.layer_ids
+    if given is not None and len(given) != count:
+        raise AdapterError(f"layer_ids has {len(given)} entries but the pool has {count} layers")
+    if given is not None and container.dict_order is not None:
+        given = tuple(given[i] for i in container.dict_order)  # the dict's order -> the views' order
+        if container.layer_ids is not None and given != container.layer_ids:
+            raise InconsistentLayersError(
+                f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
+                f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
+            )
+    if given is not None:
+        return list(given)
     if container.ids_problem:
-        raise AmbiguousLayoutError(f"{type(pool).__name__}: {container.ids_problem}")
+        raise AmbiguousLayoutError(f"{name}: {container.ids_problem}")
     if container.layer_ids is not None:
         return list(container.layer_ids)
-    model_ids = getattr(pool, "model_layer_ids", None)  # SGLang: global ids of this pool's layers
+    model_ids = probe(pool, "model_layer_ids")  # SGLang: global ids of this pool's layers
     if isinstance(model_ids, (list, tuple)) and len(model_ids) == count and "start_layer" not in geometry.given:
-        return [int(i) for i in model_ids]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in model_ids):
+            raise InconsistentLayersError(f"{name}.model_layer_ids={model_ids!r:.200}: expected layer ids (integers)")
+        return list(model_ids)
     return list(range(geometry.start_layer, geometry.start_layer + count))
 
 
@@ -304,7 +294,7 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
     count = len(first_list := next(iter(planes.values())))
     layer_ids = _layer_ids(pool, located, count, geometry)
     warnings = overlapping_layers(planes)
-    logical_dtype = None if isinstance(pool, torch.Tensor) else getattr(pool, "dtype", None)
+    logical_dtype = None if isinstance(pool, torch.Tensor) else probe(pool, "dtype")
     stored = first_list[0]
     if isinstance(logical_dtype, torch.dtype) and logical_dtype.itemsize != stored.element_size():
         warnings.append(
@@ -317,7 +307,7 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
         source_kind=type(pool).__name__,
         recognizer=located.family,
         attributes=attrs,
-        reading=str(interp),
+        reading=reading_text(located, interp),
         kind=interp.kind,
         layer_ids=tuple(layer_ids),
         excluded_layers=(),

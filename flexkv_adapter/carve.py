@@ -19,10 +19,11 @@ from itertools import pairwise
 import torch
 
 from .axes import Axis, format_axes
+from .containers import Located
 from .copy_rules import ALIGNMENT_FIX, alignment_problem
 from .errors import InconsistentLayersError, NotAddressableError, describe
 from .layout import Interpretation, Plane
-from .recognize import Located, plane_sources
+from .recognize import plane_sources
 
 Planes = dict[Plane, list[torch.Tensor]]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -25,6 +26,7 @@ from typing import Literal
 import torch
 
 from .errors import InconsistentLayersError, UnsupportedPoolError
+from .probe import probe
 from .views import PoolView
 
 logger = logging.getLogger(__name__)
@@ -81,25 +83,62 @@ def _tensor_list(value: object) -> list[torch.Tensor] | None:
 
 def pool_kind(sub: object) -> str | None:
     """ "mla" if it carries ``kv_buffer``, "mha" if ``k_buffer`` and ``v_buffer``, else None."""
-    if _tensor_list(getattr(sub, "kv_buffer", None)):
+    if _tensor_list(probe(sub, "kv_buffer")):
         return "mla"
-    if _tensor_list(getattr(sub, "k_buffer", None)) and _tensor_list(getattr(sub, "v_buffer", None)):
+    if _tensor_list(probe(sub, "k_buffer")) and _tensor_list(probe(sub, "v_buffer")):
         return "mha"
     return None
 
 
 def _planes_of(sub: object) -> dict[str, list[torch.Tensor]]:
     names = ("kv_buffer",) if pool_kind(sub) == "mla" else ("k_buffer", "v_buffer")
-    return {n.removesuffix("_buffer"): ts for n in names if (ts := _tensor_list(getattr(sub, n, None)))}
+    return {n.removesuffix("_buffer"): ts for n in names if (ts := _tensor_list(probe(sub, n)))}
 
 
-def _inverse(mapping: Mapping[int, int]) -> tuple[int, ...]:
-    return tuple(g for g, _ in sorted(mapping.items(), key=lambda item: item[1]))
+def _is_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def _ids(sub: object, fallback: Sequence[int] = ()) -> tuple[int, ...]:
-    ids = getattr(sub, "model_layer_ids", None)
-    return tuple(ids) if isinstance(ids, (list, tuple)) else tuple(fallback)
+def _bad_metadata(owner: object, attr: str, value: object, expected: str) -> InconsistentLayersError:
+    return InconsistentLayersError(
+        f"{type(owner).__name__}.{attr} = {reprlib.repr(value)}: expected {expected}; the hybrid wrapper's "
+        f"layer metadata is malformed, so which layers hold what cannot be trusted"
+    )
+
+
+def _inverse(owner: object, attr: str, mapping: Mapping[object, object]) -> tuple[int, ...]:
+    """Global layer ids in sub-pool order, from ``{global id: index in the sub-pool}``."""
+    items = [(int(i), int(g)) for g, i in mapping.items() if _is_id(g) and _is_id(i)]  # type: ignore[call-overload]
+    if len(items) != len(mapping):
+        raise _bad_metadata(owner, attr, mapping, "a dict of global layer id -> index in the sub-pool (integers)")
+    return tuple(g for _, g in sorted(items))
+
+
+def _swa_ids(pool: object, mapping: Mapping[object, object]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(full-attention ids, SWA ids), each in sub-pool order, from ``{id: (index, is_swa)}``."""
+    entries = []
+    for g, value in mapping.items():
+        if not (
+            _is_id(g)
+            and isinstance(value, (tuple, list))
+            and len(value) == 2
+            and _is_id(value[0])
+            and isinstance(value[1], bool)
+        ):
+            expected = "a dict of layer id -> (index in its sub-pool, is_swa)"
+            raise _bad_metadata(pool, "layers_mapping", mapping, expected)
+        entries.append((int(value[0]), int(g), bool(value[1])))  # type: ignore[call-overload]
+    entries.sort()
+    return tuple(g for _, g, swa in entries if not swa), tuple(g for _, g, swa in entries if swa)
+
+
+def _ids(sub: object, attr: str = "model_layer_ids") -> tuple[int, ...]:
+    ids = probe(sub, attr)
+    if ids is None:
+        return ()
+    if not isinstance(ids, (list, tuple, range)) or not all(_is_id(i) for i in ids):
+        raise _bad_metadata(sub, attr, ids, "a list of layer ids (integers)")
+    return tuple(ids)
 
 
 def scale_groups(pool: object, layer_ids: Sequence[int], prefix: str = "") -> list[SideGroup]:
@@ -113,13 +152,13 @@ def scale_groups(pool: object, layer_ids: Sequence[int], prefix: str = "") -> li
             "quantisation scales; FlexKV's connector registers only the KV data",
         )
         for name in SCALE_PLANES
-        if (ts := _tensor_list(getattr(pool, name, None)))
+        if (ts := _tensor_list(probe(pool, name)))
     ]
 
 
 def _mamba_groups(mamba: object) -> list[SideGroup]:
-    cache = getattr(mamba, "mamba_cache", None)
-    ids = tuple(getattr(mamba, "mamba_layer_ids", ()) or ())
+    cache = probe(mamba, "mamba_cache")
+    ids = _ids(mamba, "mamba_layer_ids")
     unknown = [
         SideGroup(
             "mamba",
@@ -129,12 +168,14 @@ def _mamba_groups(mamba: object) -> list[SideGroup]:
             f"{type(mamba).__name__} holds linear-attention state this adapter cannot enumerate",
         )
     ]
-    if cache is None:
-        return unknown
-    fields = [f.name for f in dataclasses.fields(cache)] if dataclasses.is_dataclass(cache) else list(vars(cache))
+    fields = (
+        [f.name for f in dataclasses.fields(cache)]
+        if dataclasses.is_dataclass(cache)
+        else list(probe(cache, "__dict__") or ())  # objects without __dict__ (slots, ints): not enumerable
+    )
     groups = []
     for field in fields:
-        value = getattr(cache, field)
+        value = probe(cache, field)
         tensors = _tensor_list(value)
         if not tensors:
             continue
@@ -160,11 +201,10 @@ def _mamba_groups(mamba: object) -> list[SideGroup]:
 
 def detect(pool: object) -> HybridStructure | None:
     """The hybrid structure of ``pool``, or None if it is not a recognised wrapper."""
-    full, swa = getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)
-    mapping = getattr(pool, "layers_mapping", None)
+    full, swa = probe(pool, "full_kv_pool"), probe(pool, "swa_kv_pool")
+    mapping = probe(pool, "layers_mapping")
     if full is not None and swa is not None and isinstance(mapping, Mapping):
-        full_ids = tuple(g for g, (_, is_swa) in sorted(mapping.items(), key=lambda kv: kv[1][0]) if not is_swa)
-        swa_ids = tuple(g for g, (_, is_swa) in sorted(mapping.items(), key=lambda kv: kv[1][0]) if is_swa)
+        full_ids, swa_ids = _swa_ids(pool, mapping)
         groups = [
             SideGroup(
                 f"swa.{plane}",
@@ -178,29 +218,29 @@ def detect(pool: object) -> HybridStructure | None:
         groups += scale_groups(swa, swa_ids, "swa.")
         backing = tuple((g, "full_kv_pool", full) for g in full_ids) + tuple((g, "swa_kv_pool", swa) for g in swa_ids)
         return HybridStructure("sglang-swa", "full_kv_pool", full, full_ids, tuple(groups), backing)
-    id_map = getattr(pool, "full_attention_layer_id_mapping", None)
-    mamba = getattr(pool, "mamba_pool", None)
+    id_map = probe(pool, "full_attention_layer_id_mapping")
+    mamba = probe(pool, "mamba_pool")
     if full is not None and (isinstance(id_map, Mapping) or mamba is not None):
-        full_ids = _inverse(id_map) if isinstance(id_map, Mapping) else _ids(full)
+        full_ids = (
+            _inverse(pool, "full_attention_layer_id_mapping", id_map) if isinstance(id_map, Mapping) else _ids(full)
+        )
         groups = _mamba_groups(mamba) if mamba is not None else []
         backing = tuple((g, "full_kv_pool", full) for g in full_ids)
         return HybridStructure("hybrid-linear", "full_kv_pool", full, full_ids or None, tuple(groups), backing)
-    main = getattr(pool, "main_pool", None)
+    main = probe(pool, "main_pool")
     if main is not None:
         groups = []
         for attr, map_attr in (
             ("index_kv_pool", "index_kv_layer_id_mapping"),
             ("index_k_pool", "index_k_layer_id_mapping"),
         ):
-            sub = getattr(pool, attr, None)
+            sub = probe(pool, attr)
             if sub is None:
                 continue
-            sub_map = getattr(pool, map_attr, None)
-            ids = _inverse(sub_map) if isinstance(sub_map, Mapping) else _ids(sub)
+            sub_map = probe(pool, map_attr)
+            ids = _inverse(pool, map_attr, sub_map) if isinstance(sub_map, Mapping) else _ids(sub)
             planes = {
-                n.removesuffix("_buffer"): ts
-                for n in ("k_buffer", "v_buffer")
-                if (ts := _tensor_list(getattr(sub, n, None)))
+                n.removesuffix("_buffer"): ts for n in ("k_buffer", "v_buffer") if (ts := _tensor_list(probe(sub, n)))
             }
             groups += [
                 SideGroup(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+import os
+import reprlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 import torch
 
-from .axes import AxesLike, parse_axes
+from .axes import AxesLike, Axis, parse_axes
 from .errors import AdapterError, InconsistentLayersError, NotAddressableError
 from .layout import Geometry, ViewKind
+from .probe import probe, probe_int
 
 
 class AdaptOptions(TypedDict, total=False):
@@ -17,9 +21,10 @@ class AdaptOptions(TypedDict, total=False):
 
     kind: "mha" or "mla", when the tensors alone cannot tell.
     axes: the meaning of each tensor axis, e.g. "L KV N H D" (see :class:`~flexkv_adapter.Axis`).
-    attrs: the attribute name(s) to read: one (K and V together, or MLA) or two (K, V).
+    attrs: the attribute name(s) or dotted paths to read: one (K and V together, or MLA) or two (K, V).
     layer_num, head_num, head_dim, v_head_dim, kv_dim: geometry the tensors must match.
-    start_layer: global id of the first layer (pipeline stages); layer_ids: explicit ids.
+    start_layer: global id of the first layer (pipeline stages; refused for dicts, whose names give
+    ids); layer_ids: explicit ids, for a dict in the dict's order (they must agree with its names).
     dtype: expose the bytes as this dtype (zero-copy); for a 1-D byte buffer, its element type.
     shape, offset: the declared geometry of a 1-D byte buffer (offset in bytes).
     spec: a :class:`~flexkv_adapter.spec.LayoutSpec`, a dict, or a YAML path describing the layout.
@@ -45,17 +50,128 @@ class AdaptOptions(TypedDict, total=False):
 
 KNOWN_OPTIONS = frozenset(AdaptOptions.__annotations__)
 _POOL_INTS = ("layer_num", "head_num", "head_dim", "v_head_dim", "page_size", "start_layer")
+_MAX_EXTENT = 1 << 40  # no real dimension, layer id or byte offset comes near it
 
 
-def _pool_int(pool: object, name: str) -> int | None:
-    value = getattr(pool, name, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _int(name: str, value: object, minimum: int) -> int:
+    """An integer (numpy and 0-d tensor integers too, via ``__index__``); never a bool or a float."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if number is None or not minimum <= number < _MAX_EXTENT:
+        what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
+        raise AdapterError(f"{name} must be {what}, got {_short(value)}")
+    return number
+
+
+def _choice(*allowed: str) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
+        if value not in allowed:
+            raise AdapterError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")
+        return value  # type: ignore[return-value]
+
+    return check
+
+
+def _ints(name: str, value: object, minimum: int) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise AdapterError(f"{name} must be a non-empty list of integers, got {_short(value)}")
+    return [_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(value)]
+
+
+def _layer_ids(name: str, value: object) -> list[int]:
+    ids = _ints(name, value, 0)
+    if len(set(ids)) != len(ids):
+        raise AdapterError(f"{name} names a layer twice: {_short(value)}")
+    return ids
+
+
+def _shape(name: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise AdapterError(f"{name} must be a non-empty list of sizes (one may be -1), got {_short(value)}")
+    dims = tuple(_int(f"{name}[{i}]", v, -1) for i, v in enumerate(value))
+    if 0 in dims:
+        raise AdapterError(f"{name}={_short(value)}: sizes must be positive (or one -1)")
+    if dims.count(-1) > 1:
+        raise AdapterError(f"{name}={_short(value)} may hold at most one -1")
+    return dims
+
+
+def _attrs(name: str, value: object) -> list[str]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or len(names) not in (1, 2):
+        raise AdapterError(f"{name} takes one or two attribute names, got {_short(value)}")
+    for n in names:
+        if not isinstance(n, str) or not all(part.isidentifier() for part in n.split(".")):
+            raise AdapterError(f"{name}: {_short(n)} is not an attribute name or dotted path (e.g. 'pool.k_buffer')")
+    return list(names)
+
+
+def _axes(name: str, value: object) -> tuple[Axis, ...]:
+    ok = isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(a, str) for a in value))
+    try:
+        if not ok:
+            raise ValueError(f"expected a string like 'L KV N H D' or a list of axis names, got {_short(value)}")
+        return parse_axes(value)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise AdapterError(f"invalid axes option: {exc}") from None
+
+
+def _dtype(name: str, value: object) -> torch.dtype:
+    if not isinstance(value, torch.dtype):
+        raise AdapterError(f"{name} must be a torch.dtype (e.g. torch.bfloat16), got {_short(value)}")
+    return value
+
+
+def _spec(name: str, value: object) -> object:
+    from .spec import LayoutSpec
+
+    if not isinstance(value, (LayoutSpec, Mapping, str, os.PathLike)):
+        raise AdapterError(f"{name} must be a LayoutSpec, a dict or a YAML path, got {_short(value)}")
+    return value
+
+
+_CHECKS: dict[str, Callable[[str, object], object]] = {
+    **{n: lambda n, v: _int(n, v, 1) for n in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_dim")},
+    "page_size": lambda n, v: _int(n, v, 1),
+    "start_layer": lambda n, v: _int(n, v, 0),
+    "offset": lambda n, v: _int(n, v, 0),
+    "kind": _choice("mha", "mla"),
+    "hybrid": _choice("error", "attention_only"),
+    "layer_ids": _layer_ids,
+    "shape": _shape,
+    "attrs": _attrs,
+    "axes": _axes,
+    "dtype": _dtype,
+    "spec": _spec,
+}
+
+
+def _short(value: object) -> str:
+    """A bounded repr for messages (a hostile value must not make a huge error)."""
+    return reprlib.repr(value)
+
+
+def validate_options(options: Mapping[str, Any], page_size: object = None) -> dict[str, Any]:
+    """The options with each value checked and normalised once (``None`` means not given).
+
+    Booleans are never integers, sequences become lists, ``axes`` is parsed; anything else is an
+    :class:`AdapterError` naming the option.
+    """
+    unknown = set(options) - KNOWN_OPTIONS
+    if unknown:
+        raise AdapterError(f"unknown adapt() option(s) {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
+    checked = {name: _CHECKS[name](name, value) for name, value in options.items() if value is not None}
+    if page_size is not None:
+        checked["page_size"] = _int("page_size", page_size, 1)
+    return checked
 
 
 def _pool_kv_dim(pool: object) -> tuple[int | None, str]:
-    if (dim := _pool_int(pool, "kv_cache_dim")) is not None:
+    if (dim := probe_int(pool, "kv_cache_dim")) is not None:
         return dim, "pool.kv_cache_dim"
-    rank, rope = _pool_int(pool, "kv_lora_rank"), _pool_int(pool, "qk_rope_head_dim")
+    rank, rope = probe_int(pool, "kv_lora_rank"), probe_int(pool, "qk_rope_head_dim")
     if rank is not None and rope is not None:
         return rank + rope, "pool.kv_lora_rank + pool.qk_rope_head_dim"
     return None, ""
@@ -63,17 +179,12 @@ def _pool_kv_dim(pool: object) -> tuple[int | None, str]:
 
 def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions) -> Geometry:
     """Merge options with the pool's metadata; an option that contradicts the pool is an error."""
-    unknown = set(options) - KNOWN_OPTIONS
-    if unknown:
-        raise AdapterError(f"unknown adapt() option(s) {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
-    given: dict[str, object] = {k: v for k, v in options.items() if v is not None}
-    if page_size is not None:
-        given["page_size"] = page_size
-    facts: dict[str, object] = {}
+    given = validate_options(options, page_size)
+    facts: dict[str, Any] = {}
     sources: list[tuple[str, str]] = []
-    pool_facts: dict[str, tuple[int | None, str]] = {n: (_pool_int(pool, n), f"pool.{n}") for n in _POOL_INTS}
+    pool_facts: dict[str, tuple[int | None, str]] = {n: (probe_int(pool, n), f"pool.{n}") for n in _POOL_INTS}
     pool_facts["kv_dim"] = _pool_kv_dim(pool)
-    logical = getattr(pool, "dtype", None)
+    logical = probe(pool, "dtype")
     if isinstance(logical, torch.dtype) and str(logical).endswith("_x2"):
         # Packed dtypes (FP4 as float4_e2m1fn_x2) store two values per element: the buffers'
         # last dim is half the pool's head dims.
@@ -92,18 +203,9 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
         facts[name] = value
         sources.append((name, origin))
     facts.update(given)
-    for name in ("layer_num", "head_num", "head_dim", "v_head_dim", "kv_dim", "page_size"):
-        fact = facts.get(name)
-        if fact is not None and (not isinstance(fact, int) or isinstance(fact, bool) or fact <= 0):
-            raise AdapterError(f"{name} must be a positive integer, got {fact!r}")
     kind = facts.get("kind")
-    if kind not in (None, "mha", "mla"):
-        raise AdapterError(f"kind must be 'mha' or 'mla', got {kind!r}")
-    try:
-        axes = parse_axes(options["axes"]) if options.get("axes") is not None else None
-    except ValueError as exc:
-        raise AdapterError(f"invalid axes option: {exc}") from None
-    layout = getattr(pool, "kv_cache_layout", None)  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
+    axes: tuple[Axis, ...] | None = given.get("axes")
+    layout = probe(pool, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
     if axes is None and layout == "hnd":
         axes, kind = parse_axes("P H T D"), kind or "mha"
     elif axes is None and layout == "vectorized_5d":
@@ -112,26 +214,19 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
             f"[blocks, heads, dim/X, page, X]; no per-layer [rows, heads, dim] view exists. Fix: run the engine "
             f"with the NHD layout (unset SGLANG_AITER_KV_CACHE_LAYOUT)"
         )
-    attrs = tuple(options["attrs"]) if options.get("attrs") else None
-    if attrs is not None and len(attrs) not in (1, 2):
-        raise AdapterError(f"attrs takes one or two attribute names, got {attrs!r}")
-    layer_ids = tuple(int(i) for i in options["layer_ids"]) if options.get("layer_ids") is not None else None
-    dtype = options.get("dtype")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise AdapterError(f"dtype must be a torch.dtype, got {dtype!r}")
     return Geometry(
-        layer_num=facts.get("layer_num"),  # type: ignore[arg-type]
-        head_num=facts.get("head_num"),  # type: ignore[arg-type]
-        head_dim=facts.get("head_dim"),  # type: ignore[arg-type]
-        v_head_dim=facts.get("v_head_dim"),  # type: ignore[arg-type]
-        kv_dim=facts.get("kv_dim"),  # type: ignore[arg-type]
-        page_size=facts.get("page_size"),  # type: ignore[arg-type]
-        start_layer=int(facts.get("start_layer", 0)),  # type: ignore[call-overload]
-        kind=kind,  # type: ignore[arg-type]
+        layer_num=facts.get("layer_num"),
+        head_num=facts.get("head_num"),
+        head_dim=facts.get("head_dim"),
+        v_head_dim=facts.get("v_head_dim"),
+        kv_dim=facts.get("kv_dim"),
+        page_size=facts.get("page_size"),
+        start_layer=facts.get("start_layer", 0),
+        kind=kind,
         axes=axes,
-        attrs=attrs,
-        layer_ids=layer_ids,
-        dtype=dtype,
+        attrs=tuple(given["attrs"]) if "attrs" in given else None,
+        layer_ids=tuple(given["layer_ids"]) if "layer_ids" in given else None,
+        dtype=given.get("dtype"),
         sources=tuple(sources),
         given=frozenset(given),
     )

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .axes import Axis, parse_axes
+from .axes import Axis, format_axes, parse_axes
+from .containers import BOTH, MHA, MLA, SELF, Container, Located, locate_sequence, make_container
+from .errors import AdapterError
 from .layout import Geometry, Interpretation, Plane, ViewKind
-
-SELF = "<pool>"
+from .probe import probe_path
 
 
 @dataclass(frozen=True)
@@ -32,19 +33,15 @@ class NameRule:
     kinds: frozenset[ViewKind]
 
 
-_BOTH: frozenset[ViewKind] = frozenset({"mha", "mla"})
-_MHA: frozenset[ViewKind] = frozenset({"mha"})
-_MLA: frozenset[ViewKind] = frozenset({"mla"})
-
 _BUILTIN_RULES: tuple[NameRule, ...] = (
-    NameRule("sglang-mha", ("k_buffer", "v_buffer"), _MHA),
-    NameRule("sglang-mla", ("kv_buffer",), _MLA),
-    NameRule("renamed", ("k_cache", "v_cache"), _MHA),
-    NameRule("renamed", ("key_cache", "value_cache"), _MHA),
-    NameRule("renamed", ("k_buffers", "v_buffers"), _MHA),
-    NameRule("renamed", ("k_caches", "v_caches"), _MHA),
-    NameRule("renamed", ("kv_cache",), _BOTH),
-    NameRule("renamed", ("kv_caches",), _BOTH),
+    NameRule("sglang-mha", ("k_buffer", "v_buffer"), MHA),
+    NameRule("sglang-mla", ("kv_buffer",), MLA),
+    NameRule("renamed", ("k_cache", "v_cache"), MHA),
+    NameRule("renamed", ("key_cache", "value_cache"), MHA),
+    NameRule("renamed", ("k_buffers", "v_buffers"), MHA),
+    NameRule("renamed", ("k_caches", "v_caches"), MHA),
+    NameRule("renamed", ("kv_cache",), BOTH),
+    NameRule("renamed", ("kv_caches",), BOTH),
 )
 _user_rules: list[NameRule] = []
 
@@ -58,10 +55,14 @@ def register_attribute_names(*names: str, kind: ViewKind | None = None, family: 
     match a pool with different meanings, :func:`adapt` raises an ambiguity error.
     """
     if len(names) not in (1, 2) or not all(isinstance(n, str) and n.isidentifier() for n in names):
-        raise ValueError(f"register_attribute_names takes one or two attribute names, got {names!r}")
+        raise AdapterError(f"register_attribute_names takes one or two attribute names, got {names!r}")
+    if kind not in (None, "mha", "mla"):
+        raise AdapterError(f"kind must be 'mha', 'mla' or None, got {kind!r}")
+    if not isinstance(family, str):
+        raise AdapterError(f"family must be a string, got {family!r}")
     if len(names) == 2 and kind == "mla":
-        raise ValueError("two names mean separate K and V buffers, which is MHA; MLA takes one name")
-    kinds = frozenset({kind}) if kind else (_BOTH if len(names) == 1 else _MHA)
+        raise AdapterError("two names mean separate K and V buffers, which is MHA; MLA takes one name")
+    kinds = frozenset({kind}) if kind else (BOTH if len(names) == 1 else MHA)
     rule = NameRule(family, tuple(names), kinds)
     if rule not in _user_rules:
         _user_rules.append(rule)
@@ -72,103 +73,25 @@ def unregister_attribute_names(*names: str) -> None:
     _user_rules[:] = [r for r in _user_rules if r.names != tuple(names)]
 
 
-@dataclass(frozen=True)
-class Container:
-    """Tensors found under one attribute: a sequence (one per layer) or a single tensor."""
-
-    attr: str
-    tensors: tuple[torch.Tensor, ...]
-    is_sequence: bool
-    layer_ids: tuple[int, ...] | None = None
-    ids_problem: str | None = None
-
-
-@dataclass(frozen=True)
-class Located:
-    """A family of containers: one (combined K/V or MLA) or two (K, V)."""
-
-    family: str
-    containers: tuple[Container, ...]
-    kinds: frozenset[ViewKind]
-
-    @property
-    def attrs(self) -> tuple[str, ...]:
-        return tuple(c.attr for c in self.containers)
-
-    @property
-    def split(self) -> bool:
-        return len(self.containers) == 2
-
-
-def layer_index_from_name(name: str) -> int | None:
-    """The one integer component of a dotted layer name (``model.layers.12.attn`` -> 12)."""
-    ints = [int(part) for part in str(name).split(".") if part.isdigit()]
-    return ints[0] if len(ints) == 1 else None
-
-
-def resolve_attr(obj: object, path: str) -> object:
-    """``getattr`` along a dotted path (``full_kv_pool.k_buffer``); None if any step is missing."""
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def _container(attr: str, value: object) -> Container | str:
-    if isinstance(value, torch.Tensor):
-        return Container(attr, (value,), is_sequence=False)
-    if isinstance(value, Mapping):
-        items = list(value.items())
-        if not items or not all(isinstance(t, torch.Tensor) for _, t in items):
-            return f"{attr} is a dict but not a non-empty dict of tensors"
-        ids = [layer_index_from_name(k) for k, _ in items]
-        if any(i is None for i in ids) or len(set(ids)) != len(ids):
-            problem = (
-                f"{attr}: cannot take one distinct layer index from each name "
-                f"{[k for k, _ in items][:4]}...; pass layer_ids=[...] in the dict's order"
-            )
-            return Container(attr, tuple(t for _, t in items), True, None, problem)
-        order = sorted(range(len(items)), key=lambda i: ids[i])  # type: ignore[arg-type,return-value]
-        return Container(
-            attr,
-            tuple(items[i][1] for i in order),
-            True,
-            tuple(ids[i] for i in order),  # type: ignore[misc]
-        )
-    if isinstance(value, (list, tuple)):
-        if not value or not all(isinstance(t, torch.Tensor) for t in value):
-            return f"{attr} is a {type(value).__name__} but not a non-empty sequence of tensors"
-        return Container(attr, tuple(value), is_sequence=True)
-    return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
-
-
-def _is_tensor_seq(x: object) -> bool:
-    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)
-
-
 def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Located], list[str]]:
     """Find KV tensor containers on ``pool``; return them and the reasons others declined."""
     found: list[Located] = []
     declined: list[str] = []
     absent: list[str] = []
     if attrs:
-        rules: Iterable[NameRule] = [NameRule("attrs", tuple(attrs), _MHA if len(attrs) == 2 else _BOTH)]
+        rules: Iterable[NameRule] = [NameRule("attrs", tuple(attrs), MHA if len(attrs) == 2 else BOTH)]
     elif isinstance(pool, torch.Tensor):
-        return [Located("flat-tensor", (Container(SELF, (pool,), False),), _BOTH)], []
+        c = make_container(SELF, pool)
+        return ([Located("flat-tensor", (c,), BOTH)], []) if isinstance(c, Container) else ([], [c])
     elif isinstance(pool, Mapping):
-        c = _container(SELF, pool)
-        return ([Located("vllm-dict", (c,), _BOTH)], []) if isinstance(c, Container) else ([], [c])
+        c = make_container(SELF, pool)
+        return ([Located("vllm-dict", (c,), BOTH)], []) if isinstance(c, Container) else ([], [c])
     elif isinstance(pool, (list, tuple)):
-        if len(pool) == 2 and all(_is_tensor_seq(x) for x in pool):
-            k, v = (Container(f"{SELF}[{i}]", tuple(pool[i]), True) for i in (0, 1))
-            return [Located("kv-pair-lists", (k, v), _MHA)], []
-        c = _container(SELF, pool)
-        return ([Located("sequence", (c,), _BOTH)], []) if isinstance(c, Container) else ([], [c])
+        return locate_sequence(pool)
     else:
         rules = (*_user_rules, *_BUILTIN_RULES)
     for rule in rules:
-        values = [resolve_attr(pool, n) for n in rule.names]
+        values = [probe_path(pool, n) for n in rule.names]
         missing = [n for n, v in zip(rule.names, values) if v is None]
         if len(missing) == len(rule.names):
             absent.append("/".join(rule.names))
@@ -177,7 +100,7 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
             present = [n for n in rule.names if n not in missing]
             declined.append(f"{rule.family}: has {'/'.join(present)} but no {'/'.join(missing)} (or it is None)")
             continue
-        made = [_container(n, v) for n, v in zip(rule.names, values)]
+        made = [make_container(n, v) for n, v in zip(rule.names, values)]
         problems = [m for m in made if isinstance(m, str)]
         if problems:
             declined.append(f"{rule.family}: {'; '.join(problems)}")
@@ -233,7 +156,10 @@ def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
             out += [(rule.family, rule.names, i) for i in _READINGS[(split, sequence)] if i.kind in rule.kinds]
     out += [("flat-tensor", (), i) for i in _READINGS[(False, False)]]
     out += [(family, (), i) for family in ("vllm-dict", "sequence") for i in _READINGS[(False, True)]]
-    out += [("kv-pair-lists", (), i) for i in _READINGS[(True, True)]]
+    nested = (("kv-pair-lists", (Axis.KV, Axis.LAYER), True), ("layer-pairs", (Axis.LAYER, Axis.KV), True))
+    for family, outer, sequence in (*nested, ("kv-pair-tensors", (Axis.KV,), False)):
+        # written with the container axes, so each reads only its own family (see tensor_axes)
+        out += [(family, (), Interpretation(i.kind, (*outer, *i.axes), False)) for i in _READINGS[(True, sequence)]]
     return out
 
 
@@ -241,10 +167,28 @@ def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:
     """The readings to try for a located family, honouring declared axes and kind."""
     sequence = located.containers[0].is_sequence
     if geometry.axes is not None:
-        kind: ViewKind = geometry.kind or ("mha" if located.split or Axis.KV in geometry.axes else "mla")
-        return [Interpretation(kind, geometry.axes, Axis.LAYER not in geometry.axes)]
+        axes = tensor_axes(located, geometry.axes)
+        kind: ViewKind = geometry.kind or ("mha" if located.split or Axis.KV in axes else "mla")
+        return [Interpretation(kind, axes, Axis.LAYER not in axes)]
     table = _READINGS[(located.split, sequence)]
     return [i for i in table if i.kind in located.kinds and geometry.kind in (None, i.kind)]
+
+
+def tensor_axes(located: Located, axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
+    """Declared axes minus the leading ones the containers form (``L KV`` for (k, v) pairs)."""
+    n = len(located.outer)
+    return axes[n:] if n and axes[:n] == located.outer and Axis.DIM in axes[n:] else axes
+
+
+def declared_axes(located: Located, interp: Interpretation) -> str:
+    """The ``axes=`` that selects ``interp`` of ``located`` (with the container axes when they matter)."""
+    outer = located.outer if Axis.KV in located.outer else ()
+    return format_axes((*outer, *interp.axes))
+
+
+def reading_text(located: Located, interp: Interpretation) -> str:
+    """The report's reading; for a list whose levels are L and KV, the full axes that select it."""
+    return f"{interp.kind.upper()} [{declared_axes(located, interp)}]" if Axis.KV in located.outer else str(interp)
 
 
 def plane_sources(located: Located, interp: Interpretation) -> list[tuple[Plane, Container, int | None]]:
@@ -254,6 +198,17 @@ def plane_sources(located: Located, interp: Interpretation) -> list[tuple[Plane,
     if interp.kind == "mla":
         return [("kv", located.containers[0], None)]
     return [("k", located.containers[0], 0), ("v", located.containers[0], 1)]
+
+
+def _layers_disagree(container: Container, axes: tuple[Axis, ...]) -> str | None:
+    """A layer whose K/V, token, head or dim extent differs from layer 0's (rows may differ: that is
+    reported later, as inconsistent layers)."""
+    first = dict(zip(axes, container.tensors[0].shape))
+    for i, t in enumerate(container.tensors):
+        for axis, size in zip(axes, t.shape):
+            if axis in (Axis.KV, Axis.TOKEN, Axis.HEAD, Axis.DIM) and size != first[axis]:
+                return f"{container.attr}[{i}]: axis {axis.value} has extent {size} but layer 0's has {first[axis]}"
+    return None
 
 
 def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> str | None:
@@ -268,9 +223,12 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         return f"{located.family} attributes do not hold {interp.kind.upper()} buffers"
     if interp.per_layer == (Axis.LAYER in axes):
         return "a per-layer reading cannot have an L axis"
+    if located.outer == (Axis.KV,) and interp.per_layer:
+        return "a [K, V] pair of tensors is read whole: its axes need L (a list of per-layer tensors has none)"
     if located.split and len(located.containers[0].tensors) != len(located.containers[1].tensors):
         k, v = located.containers
         return f"{k.attr} has {len(k.tensors)} entries but {v.attr} has {len(v.tensors)}"
+    counts: list[tuple[str, int]] = []
     for plane, container, _ in plane_sources(located, interp):
         if container.is_sequence != interp.per_layer and not (interp.per_layer and len(container.tensors) == 1):
             return f"{container.attr} is {'a sequence' if container.is_sequence else 'one tensor'}"
@@ -278,6 +236,8 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         for i, t in enumerate(container.tensors):
             if t.ndim != len(axes):
                 return f"{container.attr}[{i}] has {t.ndim} dims but [{interp.axes_text}] has {len(axes)}"
+        if not container.uniform and (why := _layers_disagree(container, axes)):
+            return why
         extent = dict(zip(axes, first.shape))
         layers = len(container.tensors) if interp.per_layer else extent[Axis.LAYER]
         head = extent.get(Axis.HEAD, 1)
@@ -296,4 +256,7 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         for what, got, expected, origin in want:
             if expected is not None and got != expected:
                 return f"{container.attr}: {what} would be {got}, expected {expected} ({origin})"
+        counts.append((container.attr, layers))
+    if len({n for _, n in counts}) > 1:
+        return f"the planes disagree on the number of layers: {', '.join(f'{a} has {n}' for a, n in counts)}"
     return None

@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
-from .errors import AmbiguousLayoutError, InconsistentLayersError, NotAddressableError, describe
+from .containers import layer_index_from_name
+from .errors import AmbiguousLayoutError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError, describe
 from .layout import ViewKind
-from .recognize import layer_index_from_name
+from .probe import storage_problem
 from .report import Report
 from .views import MLAView
 
@@ -57,11 +58,19 @@ def is_vllm_dict(obj: object) -> bool:
     Raises AmbiguousLayoutError for 2 on the first axis: older per-layer ``[2, rows, heads, dim]``
     tensors (K and V) sliced from one buffer look the same.
     """
-    if not isinstance(obj, Mapping) or not obj:
+    if not isinstance(obj, Mapping):
         return False
-    main = [t for n, t in obj.items() if not str(n).endswith(INDEXER_SUFFIX)]
+    try:
+        items = list(obj.items())
+    except Exception as exc:  # a Mapping subclass whose items() fails
+        raise UnsupportedPoolError(
+            f"{type(obj).__name__} is a mapping whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
+        ) from None
+    main = [t for n, t in items if not str(n).endswith(INDEXER_SUFFIX)]
     if not main or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in main):
         return False
+    if any(storage_problem(t) for t in main):
+        return False  # meta/fake/sparse tensors: the general path refuses them with the reason
     if len({t.untyped_storage().data_ptr() for t in main}) != 1:
         return False
     if main[0].shape[0] == 2:

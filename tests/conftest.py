@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 FAKE_FLEXKV = Path(__file__).parent / "fake_flexkv"
 
@@ -32,3 +34,12 @@ def no_flexkv(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setitem(sys.modules, "flexkv", None)
     yield
     _drop_flexkv_modules()
+
+
+# Property tests: 2,000 derandomized examples per strategy in CI ("ci", the default), fewer while
+# iterating (HYPOTHESIS_PROFILE=dev). A test's own @settings(max_examples=...) still wins.
+settings.register_profile(
+    "ci", max_examples=2000, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flexkv_adapter import InconsistentLayersError, MLAView, UnsupportedPoolError, adapt
+from flexkv_adapter import AdapterError, InconsistentLayersError, MLAView, UnsupportedPoolError, adapt
 from flexkv_adapter.hybrid import HybridPoolError
 from flexkv_adapter.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
 
@@ -100,7 +100,7 @@ def test_quantised_scale_planes_need_the_opt_in():
 
 
 def test_invalid_hybrid_mode():
-    with pytest.raises(UnsupportedPoolError, match="hybrid must be"):
+    with pytest.raises(AdapterError, match="hybrid must be"):
         adapt(_swa_pool(), hybrid="everything")
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flexkv_adapter import InconsistentLayersError, NotAddressableError, adapt
+from flexkv_adapter import InconsistentLayersError, NotAddressableError, UnsupportedPoolError, adapt
 from flexkv_adapter.errors import FlexKVUnavailableError, PlanError
 from flexkv_adapter.flexkv import AddressingMode, LayoutType, plan
 
@@ -203,14 +203,15 @@ def test_plan_arguments_are_validated_at_the_boundary(kwargs, message):
 
 
 def test_plan_of_raw_layers_applies_adapts_consistency_checks():
-    mixed = [distinct((2, NB, PS, H, D), torch.int16), distinct((2, NB, PS, H, D), torch.bfloat16)]
-    with pytest.raises(InconsistentLayersError, match="layer 1 K .*bfloat16.*layer 0 has .*int16"):
+    # three layers: a two-element list of [2, ...] tensors also reads as [K_all, V_all] (ambiguous)
+    mixed = [distinct((2, NB, PS, H, D), t) for t in (torch.int16, torch.int16, torch.bfloat16)]
+    with pytest.raises(InconsistentLayersError, match="layer 2 K .*bfloat16.*layer 0 has .*int16"):
         plan(mixed, head_num=H)
     two_devices = [
         distinct((2, NB, PS, H, D), torch.int16),
         torch.empty((2, NB, PS, H, D), dtype=torch.int16, device="meta"),
     ]
-    with pytest.raises(InconsistentLayersError, match="device=meta"):
+    with pytest.raises(UnsupportedPoolError, match=r"\[1\] is on the meta device"):  # no memory: refused first
         plan(two_devices, head_num=H)
     with pytest.raises(InconsistentLayersError):
         plan([distinct((NB, PS, 12), torch.int16), distinct((NB, PS, 12), torch.bfloat16)], page_size=PS)

@@ -1,0 +1,152 @@
+"""Containers of KV tensors found on a pool, and how plain lists, tuples and dicts are read.
+
+A :class:`Container` is the tensors under one attribute (a sequence, one per layer, or a single
+tensor); a :class:`Located` family is one or two of them (combined K/V or MLA, or separate K and
+V). Tensors without real memory (meta, fake, sparse) are declined here, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from .axes import Axis
+from .layout import ViewKind
+from .probe import storage_problem
+
+SELF = "<pool>"
+BOTH: frozenset[ViewKind] = frozenset({"mha", "mla"})
+MHA: frozenset[ViewKind] = frozenset({"mha"})
+MLA: frozenset[ViewKind] = frozenset({"mla"})
+
+
+@dataclass(frozen=True)
+class Container:
+    """Tensors found under one attribute: a sequence (one per layer) or a single tensor."""
+
+    attr: str
+    tensors: tuple[torch.Tensor, ...]
+    is_sequence: bool
+    layer_ids: tuple[int, ...] | None = None  # from dict names, in the (sorted) order of ``tensors``
+    ids_problem: str | None = None
+    dict_order: tuple[int, ...] | None = None  # a dict's entries: each tensor's position in the dict
+
+    @property
+    def keyed(self) -> bool:
+        return self.dict_order is not None
+
+    @cached_property
+    def uniform(self) -> bool:
+        """Every tensor has the first one's shape (then checking the first checks them all)."""
+        first = self.tensors[0].shape
+        return all(t.shape == first for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A family of containers: one (combined K/V or MLA) or two (K, V)."""
+
+    family: str
+    containers: tuple[Container, ...]
+    kinds: frozenset[ViewKind]
+    outer: tuple[Axis, ...] = ()  # axes the containers themselves form (a list of (k, v) pairs: L KV)
+
+    @property
+    def attrs(self) -> tuple[str, ...]:
+        return tuple(c.attr for c in self.containers)
+
+    @property
+    def split(self) -> bool:
+        return len(self.containers) == 2
+
+
+def layer_index_from_name(name: object) -> int | None:
+    """The one integer component of a dotted layer name (``model.layers.12.attn`` -> 12).
+
+    Only ASCII digits, at most 9 of them: ``int()`` also reads other scripts' digits, and a
+    thousand-digit "index" is not a layer.
+    """
+    ints = [int(p) for p in str(name).split(".") if p.isascii() and p.isdigit() and len(p) <= 9]
+    return ints[0] if len(ints) == 1 else None
+
+
+def _storage_problem(attr: str, tensors: Sequence[torch.Tensor]) -> str | None:
+    for i, t in enumerate(tensors):
+        why = storage_problem(t)
+        if why:
+            where = f"{attr}[{i}]" if len(tensors) > 1 else attr
+            return f"{where} {why}: nothing there can be offloaded"
+    return None
+
+
+def make_container(attr: str, value: object) -> Container | str:
+    if isinstance(value, torch.Tensor):
+        return _storage_problem(attr, (value,)) or Container(attr, (value,), is_sequence=False)
+    if isinstance(value, Mapping):
+        try:
+            items = list(value.items())
+        except Exception as exc:  # a Mapping subclass whose items() fails
+            return f"{attr} is a {type(value).__name__} whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
+        if not items or not all(isinstance(t, torch.Tensor) for _, t in items):
+            return f"{attr} is a dict but not a non-empty dict of tensors"
+        if why := _storage_problem(attr, [t for _, t in items]):
+            return why
+        ids = [layer_index_from_name(k) for k, _ in items]
+        if any(i is None for i in ids) or len(set(ids)) != len(ids):
+            names = [str(k)[:60] for k, _ in items[:4]]
+            problem = (
+                f"{attr}: cannot take one distinct layer index from each name {names}"
+                f"{'...' if len(items) > 4 else ''}; pass layer_ids=[...] in the dict's order"
+            )
+            return Container(attr, tuple(t for _, t in items), True, None, problem, tuple(range(len(items))))
+        order = sorted(range(len(items)), key=lambda i: ids[i])  # type: ignore[arg-type,return-value]
+        return Container(
+            attr,
+            tuple(items[i][1] for i in order),
+            True,
+            tuple(ids[i] for i in order),  # type: ignore[misc]
+            dict_order=tuple(order),
+        )
+    if isinstance(value, (list, tuple)):
+        if not value or not all(isinstance(t, torch.Tensor) for t in value):
+            return f"{attr} is a {type(value).__name__} but not a non-empty sequence of tensors"
+        return _storage_problem(attr, value) or Container(attr, tuple(value), is_sequence=True)
+    return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
+
+
+def locate_sequence(pool: Sequence[object]) -> tuple[list[Located], list[str]]:
+    """A plain list/tuple: per-layer tensors, (k, v) pairs, [k_list, v_list], or [K_all, V_all].
+
+    Where two of these readings fit the same object (two layers), both are returned, so the
+    choice is an ambiguity settled by ``axes=`` (e.g. ``"L KV N H D"`` vs ``"KV L N H D"``).
+    """
+    L, KV = Axis.LAYER, Axis.KV
+    if pool and all(is_tensor_seq(x) for x in pool):
+        found: list[Located] = []
+        flat = [t for x in pool for t in x]  # type: ignore[attr-defined]
+        if why := _storage_problem(SELF, flat):
+            return [], [why]
+        if len(pool) == 2:
+            k, v = (Container(f"{SELF}[{i}]", tuple(pool[i]), True) for i in (0, 1))  # type: ignore[arg-type]
+            found.append(Located("kv-pair-lists", (k, v), MHA, (KV, L)))
+        if all(len(x) == 2 for x in pool):  # type: ignore[arg-type]
+            k, v = (Container(f"{SELF}[*][{i}]", tuple(x[i] for x in pool), True) for i in (0, 1))  # type: ignore[index]
+            found.append(Located("layer-pairs", (k, v), MHA, (L, KV)))
+        if not found:
+            return [], [f"{SELF} is a list of lists but neither a [K list, V list] pair nor a list of (K, V) pairs"]
+        return found, []
+    c = make_container(SELF, pool)
+    if isinstance(c, str):
+        return [], [c]
+    found = [Located("sequence", (c,), BOTH, (L,))]
+    if len(pool) == 2:
+        k, v = (Container(f"{SELF}[{i}]", (c.tensors[i],), False) for i in (0, 1))
+        found.append(Located("kv-pair-tensors", (k, v), MHA, (KV,)))
+    return found, []
+
+
+def is_tensor_seq(x: object) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)

@@ -1,0 +1,68 @@
+"""Guarded attribute probing: the one place recognition and hybrid detection read a pool's attributes.
+
+Pools are arbitrary objects. A property may raise (SGLang asserts a feature is enabled), a
+``__getattr__`` may recurse, a dotted path may cross a ``None``. Reading them here turns every such
+failure into an :class:`~flexkv_adapter.errors.AdapterError` that names the attribute, instead of a
+traceback from deep inside recognition.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from .errors import AdapterError
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def probe(obj: object, name: str, *, tolerate: bool = False) -> Any:
+    """``getattr(obj, name, None)``; an attribute that raises is an AdapterError (or None if ``tolerate``)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception as exc:  # RecursionError included: a recursive __getattr__
+        if tolerate:
+            return None
+        raise AdapterError(
+            f"{type(obj).__name__}.{name} raised {type(exc).__name__} when read: {str(exc)[:200]}; "
+            f"fix the pool's attribute, or name the KV tensors with attrs=[...]"
+        ) from None
+
+
+def probe_path(obj: object, path: str) -> Any:
+    """``probe`` along a dotted path (``full_kv_pool.k_buffer``); None if any step is missing."""
+    for part in path.split("."):
+        obj = probe(obj, part)
+        if obj is None:
+            return None
+    return obj
+
+
+def probe_int(obj: object, name: str) -> int | None:
+    """An integer attribute (booleans are not integers here), else None."""
+    value = probe(obj, name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def storage_problem(t: torch.Tensor) -> str | None:
+    """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse, empty), or None if it has."""
+    plain = type(t) in _PLAIN
+    if plain and t.layout is torch.strided and not t.is_meta and t.numel():
+        return None  # the common case: a dense tensor with memory behind it
+    if t.layout is not torch.strided:
+        return f"is a {str(t.layout).removeprefix('torch.')} tensor; FlexKV copies dense (strided) memory"
+    if t.is_meta:
+        return "is on the meta device: it has a shape but no memory"
+    if t.numel() == 0:
+        return f"is empty (shape {tuple(t.shape)})"
+    try:  # subclasses (FakeTensor, functional wrappers) may warn or raise when asked for memory
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            address = t.untyped_storage().data_ptr()
+    except Exception as exc:
+        return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
+    if address == 0:
+        return f"has no memory behind it (a {type(t).__name__} without storage, e.g. a FakeTensor)"
+    return None

@@ -1,0 +1,61 @@
+"""Property: on hostile inputs adapt() returns exactly the right elements, or raises AdapterError.
+
+Nothing else may escape (no TypeError, RuntimeError, RecursionError...). Example counts come from
+the hypothesis profile loaded in conftest.py ("ci": 2,000 per strategy, derandomized).
+"""
+
+from __future__ import annotations
+
+from hypothesis import event, given, note
+
+from flexkv_adapter import AdapterError, adapt
+
+from .strategies import Case, check_view, extent_mismatches, markers_next_to_attrs, pair_confusions, shuffled_dicts
+from .strategies_hostile import byte_buffers, raising_attributes, storage_less
+
+
+def _holds(case: Case) -> None:
+    note(f"options={case.options} notes={case.notes}")
+    try:
+        view = adapt(case.pool, **case.options)
+    except AdapterError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert not case.must_succeed, f"refused a fully specified, addressable input: {exc}"
+        return
+    event("adapted")
+    check_view(view, case)
+
+
+@given(pair_confusions())
+def test_pairs_lists_and_kv_tensors(case):
+    _holds(case)
+
+
+@given(extent_mismatches())
+def test_a_layer_with_other_extents_is_refused(case):
+    _holds(case)
+
+
+@given(markers_next_to_attrs())
+def test_explicit_attrs_beat_hybrid_markers(case):
+    _holds(case)
+
+
+@given(shuffled_dicts())
+def test_dict_names_and_layer_ids(case):
+    _holds(case)
+
+
+@given(raising_attributes())
+def test_raising_attributes(case):
+    _holds(case)
+
+
+@given(storage_less())
+def test_tensors_without_storage(case):
+    _holds(case)
+
+
+@given(byte_buffers())
+def test_byte_buffer_geometry(case):
+    _holds(case)
