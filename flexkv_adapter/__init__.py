@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .adapt import adapt
+    from .adapting import adapt
     from .align import align_across_ranks, align_block_counts
     from .axes import Axis
     from .errors import (
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .views import MHAView, MLAView, PoolView
 
 _EXPORTS = {
-    "adapt": "adapt",
+    "adapt": "adapting",
     "align_across_ranks": "align",
     "align_block_counts": "align",
     "Axis": "axes",

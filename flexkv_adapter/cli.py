@@ -24,7 +24,7 @@ _COLUMNS = ("source", "recognizer", "view", "layers", "excluded", "rows", "bytes
 
 
 def _demo_rows() -> tuple[list[dict[str, Any]], bool]:
-    from .adapt import adapt
+    from .adapting import adapt
 
     rows: list[dict[str, Any]] = []
     ok = True

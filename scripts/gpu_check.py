@@ -37,7 +37,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flexkv_adapter.adapt import adapt
+from flexkv_adapter.adapting import adapt
 from flexkv_adapter.errors import AdapterError
 from flexkv_adapter.flexkv.plan import plan
 from flexkv_adapter.samples import SAMPLES

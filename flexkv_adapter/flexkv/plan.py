@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from ..adapt import _layer_ids, adapt, recognise
+from ..adapting import _layer_ids, adapt, recognise
 from ..axes import format_axes, parse_axes
 from ..carve import check_consistent
 from ..errors import PlanError

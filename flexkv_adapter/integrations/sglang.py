@@ -117,7 +117,7 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
 
 
 def adapt_pool(pool: object, page_size: int, kind: str) -> PoolView:
-    from ..adapt import adapt
+    from ..adapting import adapt
 
     return adapt(pool, page_size=page_size, kind=kind, hybrid="error")  # type: ignore[arg-type]
 
