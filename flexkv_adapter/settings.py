@@ -76,14 +76,16 @@ class AdapterSettings(BaseSettings):
     connect_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     handshake_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     gpu_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    engine_timeout_s: Annotated[float, Field(gt=0)] = 900.0
     grace_s: Annotated[float, Field(gt=0)] = 30.0
+    reap_grace_s: Annotated[float, Field(gt=0)] = 25.0
     probe_interval_s: Annotated[float, Field(gt=0)] = 5.0
     master_lost_s: Annotated[float, Field(gt=0)] = 30.0
     keep_cuda_visible_devices: bool = False
     health_host: str = "127.0.0.1"
     health_port: Port | None = None
     ready_file: Path | None = None
-    lock_dir: Path = Path("/tmp")
+    lock_dir: Path | None = None  # None: $XDG_RUNTIME_DIR, else a private /tmp/flexkv-adapter-<uid>
 
     @field_validator("master_ports", mode="before")
     @classmethod
