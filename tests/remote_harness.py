@@ -42,7 +42,8 @@ def alive(pid: int) -> bool:
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXKV", "STANDIN", "XDG_RUNTIME"))}
-    env.update(PYTHONPATH=str(ROOT), **extra)
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
     return env
 
 

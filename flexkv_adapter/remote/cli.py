@@ -122,6 +122,7 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         if ready_file is not None:
             ready_file.check()  # under the lock: a stale file of an earlier run is removed
         tracker = StateTracker({"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, ready_file)
+        signals.describe = tracker.snapshot
         if s.health_port:
             health = HealthServer(tracker, s.health_host, s.health_port)
             health.start()

@@ -49,6 +49,7 @@ class ReadyFile:
         try:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
             try:
+                os.fchmod(fd, 0o644)  # as readable as a plain file; mkstemp makes it 0600
                 with os.fdopen(fd, "w") as f:
                     json.dump(snapshot, f)
                 os.replace(tmp, self.path)

@@ -109,7 +109,6 @@ class Supervisor:
     def run(self) -> ExitCode:
         if self.signals.event.is_set():  # never connect after a stop signal: the config is sent once
             raise StopRequested
-        self.signals.describe = self.tracker.snapshot
         self._move(State.HANDSHAKE, f"waiting for the config from {self.s.master_host}:{self.s.master_ports[0]}")
         threading.Thread(target=self._body, name="transfer-manager", daemon=True).start()
         while True:
