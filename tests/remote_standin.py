@@ -241,6 +241,7 @@ class MasterStandIn:
         self._sender.join()
         for sock in (self.command, self.result, self.query):
             sock.close()
+        self._ctx.term()  # returns once the ports are unbound, so a restarted master can bind them
 
 
 def register_gpus(gpu_register_port: str, count: int) -> None:

@@ -24,6 +24,7 @@ MAX_CONNECTIONS = 16
 
 class _BoundedServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # the accept loop sheds excess connections fast; a short backlog stalls clients
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], family: int) -> None:
         self.address_family = family
