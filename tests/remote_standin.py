@@ -251,5 +251,5 @@ def register_gpus(gpu_register_port: str, count: int) -> None:
     sock.connect(gpu_register_port)
     for rank in range(count):
         sock.send_pyobj({"dp_client_id": 0, "intra_client_id": rank, "device_id": rank, "handles": []})
-    sock.close(linger=2000)
+    sock.close(linger=10000)  # a loaded machine can take seconds to connect
     ctx.term()

@@ -50,13 +50,18 @@ def ignores_sigterm(pid: int) -> bool:
     return False
 
 
+def workers_left() -> list[int]:
+    """Live descendants that would answer SIGTERM (not the resource tracker)."""
+    return [p for p in descendants() if not ignores_sigterm(p)]
+
+
 def reap_descendants(grace_s: float) -> bool:
     """SIGTERM every descendant and give it ``grace_s`` to exit; SIGKILL the rest.
 
     Processes that ignore SIGTERM (multiprocessing's resource tracker) are not waited for; see
     :func:`end_children`. False if a process that handles SIGTERM had to be killed.
     """
-    pids = [p for p in descendants() if not ignores_sigterm(p)]
+    pids = workers_left()
     if not pids:
         return True
     logger.info("stopping child processes %s", pids)
@@ -64,7 +69,7 @@ def reap_descendants(grace_s: float) -> bool:
     deadline = time.monotonic() + grace_s
     while True:
         _collect_zombies()
-        patient = [p for p in descendants() if not ignores_sigterm(p)]
+        patient = workers_left()
         for pid in set(patient) - sent:  # including any started meanwhile
             _kill(pid, signal.SIGTERM)
         sent.update(patient)

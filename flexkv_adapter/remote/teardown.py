@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .children import reap_descendants
+from .children import reap_descendants, workers_left
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,10 @@ def _stop_started(tm: Any, deadline: float, reap_grace_s: float) -> None:
     if callable(stop):
         engine = threading.Thread(target=_logged(stop), name="engine-shutdown", daemon=True)
         engine.start()
-        engine.join(_left(deadline, reap_grace_s))
-        if engine.is_alive():
+        until = time.monotonic() + _left(deadline, reap_grace_s)
+        while engine.is_alive() and workers_left() and time.monotonic() < until:
+            engine.join(0.05)  # the workers matter; the engine's own CUDA sync afterwards does not
+        if workers_left():
             logger.warning("transfer engine workers still stopping after reap_grace_s=%gs", reap_grace_s)
 
 
