@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -108,11 +109,10 @@ def _stop_resource_tracker() -> None:
     from multiprocessing import resource_tracker
 
     stop = getattr(getattr(resource_tracker, "_resource_tracker", None), "_stop", None)
-    if callable(stop):
-        try:
-            stop()
-        except Exception as exc:
-            logger.debug("resource tracker stop: %r", exc)
+    if callable(stop):  # in a thread: its lock may be held by a thread stuck inside FlexKV
+        closer = threading.Thread(target=stop, name="resource-tracker-stop", daemon=True)
+        closer.start()
+        closer.join(2.0)
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:

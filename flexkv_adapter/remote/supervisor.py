@@ -184,6 +184,9 @@ class Supervisor:
             if self.signals.count > signals_before:
                 logger.warning("another signal during shutdown: forcing exit")
                 return ExitCode.FORCED
+            if time.monotonic() > deadline + margin / 2:
+                logger.warning("shutdown did not finish within grace_s=%gs: forcing exit", self.s.grace_s)
+                return ExitCode.FORCED
             stopper.join(_TICK)
         if not (result and result[0]):
             logger.warning("child processes had to be killed to end within grace_s=%gs", self.s.grace_s)

@@ -55,6 +55,7 @@ def _stop_started(tm: Any, deadline: float, reap_grace_s: float) -> None:
             sock = getattr(tm, name, None)
             if sock is not None and callable(getattr(sock, "close", None)):
                 sock.close(linger=0)
+        logger.debug("polling thread stopped, sockets closed")
     stop = getattr(getattr(tm, "transfer_engine", None), "shutdown", None)
     if callable(stop):
         engine = threading.Thread(target=_logged(stop), name="engine-shutdown", daemon=True)
@@ -64,6 +65,8 @@ def _stop_started(tm: Any, deadline: float, reap_grace_s: float) -> None:
             engine.join(0.05)  # the workers matter; the engine's own CUDA sync afterwards does not
         if workers_left():
             logger.warning("transfer engine workers still stopping after reap_grace_s=%gs", reap_grace_s)
+        else:
+            logger.debug("transfer engine workers stopped")
 
 
 def stop_manager(tm: Any, started: bool, deadline: float, reap_grace_s: float) -> bool:
