@@ -130,12 +130,21 @@ def test_ready_file_ignores_planted_links_and_fifos_and_a_stale_file_is_removed_
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ready")) == [".ready.json.tmp"]
 
 
-def test_a_missing_ready_file_directory_or_a_directory_at_its_path_fails_at_start(tmp_path):
+def test_a_missing_or_unwritable_ready_file_directory_or_a_directory_at_its_path_fails_at_start(tmp_path):
     code, line = startup(tmp_path, ready_file=tmp_path / "nowhere" / "ready.json", connect_timeout=30)
     assert code == ExitCode.LOCAL_FILES and "does not exist" in line, line
     (tmp_path / "ready.json").mkdir()
     code, line = startup(tmp_path, ready_file=tmp_path / "ready.json", connect_timeout=30)
     assert code == ExitCode.LOCAL_FILES and "is a directory" in line, line
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    if _immutable(shut):
+        try:
+            code, line = startup(tmp_path, ready_file=shut / "ready.json", connect_timeout=30)
+        finally:
+            if os.geteuid() == 0:
+                subprocess.run(["chattr", "-i", str(shut)], check=False)
+        assert code == ExitCode.LOCAL_FILES and "is not writable" in line, line
 
 
 FLEXKV_LIKE_SPAWN = """

@@ -36,7 +36,7 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--engine-timeout", "engine_timeout_s", float, "seconds for the transfer engine to start after registration"),
     ("--grace", "grace_s", float, "seconds for a clean shutdown after SIGTERM/SIGINT/SIGHUP"),
     ("--reap-grace", "reap_grace_s", float, "of grace_s, seconds workers get to stop (unpin) before SIGTERM"),
-    ("--probe-interval", "probe_interval_s", float, "seconds between master liveness probes"),
+    ("--probe-interval", "probe_interval_s", float, "after ready: seconds between heartbeats to the master"),
     ("--master-lost", "master_lost_s", float, "after ready: exit when the master's heartbeats fail this long"),
     ("--health-host", "health_host", str, "health endpoint address"),
     ("--health-port", "health_port", int, "health endpoint port (off unless set)"),
@@ -105,7 +105,7 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     try:
         validate(s)
         lock_dir = prepare_lock_dir(s.lock_dir)
-        if ready_file is not None and not ready_file.path.parent.is_dir():
+        if ready_file is not None:
             ready_file.check()  # fails now rather than when ready
         visibility = apply_gpu_visibility(s.keep_cuda_visible_devices)
         tm_class = load_transfer_manager(s.transfer_manager)
@@ -120,7 +120,7 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
                 f"on one master split its commands. Stop one of them",
             )
         if ready_file is not None:
-            ready_file.check()  # under the lock: a stale file of an earlier run is removed
+            ready_file.remove()  # under the lock: a stale file of an earlier run says ready while we wait
         tracker = StateTracker({"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, ready_file)
         signals.describe = tracker.snapshot
         if s.health_port:

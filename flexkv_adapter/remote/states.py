@@ -37,13 +37,14 @@ class ReadyFile:
         self.path = path
 
     def check(self) -> None:
-        """Fail at start-up, not at ready: the directory must exist; a stale file is removed."""
+        """Fail at start-up, not at ready: a writable directory, and no directory at the path."""
         parent = self.path.parent
         if not parent.is_dir():
             raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} is not writable")
         if self.path.is_dir() and not self.path.is_symlink():
             raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file {self.path} is a directory")
-        self.remove()
 
     def write(self, snapshot: dict[str, Any]) -> None:
         try:

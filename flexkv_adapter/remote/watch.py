@@ -10,8 +10,11 @@ when the master's process ends or restarts, or when heartbeats go unanswered for
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class MasterWatch:
@@ -22,9 +25,12 @@ class MasterWatch:
         self._ctx = zmq.Context(1)
         self._sock = self._ctx.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
-        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(lost_s * 1000)))
-        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        try:
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(lost_s * 1000)))
+        except zmq.ZMQError as exc:  # libzmq < 4.2: only a closed connection is noticed
+            logger.warning("no ZMTP heartbeats (%s): a silent network loss will not be noticed", exc)
+        events = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         self._monitor: Any = self._sock.get_monitor_socket(events)
         self._sock.connect(f"tcp://{host}:{port}")
         self._started = time.monotonic()
@@ -37,7 +43,7 @@ class MasterWatch:
 
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
-            if event == self._zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if event in (self._zmq.EVENT_CONNECTED, self._zmq.EVENT_HANDSHAKE_SUCCEEDED):
                 self._connected = True
             elif event == self._zmq.EVENT_DISCONNECTED and self._connected:
                 return "its connection closed (the master process ended or restarted, or heartbeats went unanswered)"
