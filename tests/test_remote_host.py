@@ -17,11 +17,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flexkv_adapter.remote.exit_codes import ExitCode
 from flexkv_adapter.remote.health import CONNECTION_TIMEOUT_S, MAX_CONNECTIONS, HealthServer
-from flexkv_adapter.remote.lock import default_lock_dir, flexkv_spawned_remotes, lock_key
-from flexkv_adapter.remote.states import StateTracker
+from flexkv_adapter.remote.lock import _is_flexkv_spawn, default_lock_dir, flexkv_spawned_remotes, lock_key
+from flexkv_adapter.remote.states import State, StateTracker
 
 from .remote_harness import ROOT, Remote, free_ports, holding, run_once
 from .remote_standin import MasterStandIn, register_gpus
@@ -247,3 +249,42 @@ def test_sigusr2_is_logged_and_sighup_stops_cleanly_before_the_master_is_up(tmp_
     assert remote.proc.poll() is None
     code, err, _ = remote.stop(signal.SIGHUP)
     assert code == ExitCode.OK and "received SIGUSR2: {'state': 'waiting_for_master'" in err, err
+
+
+MARKERS = ["TransferManagerOnRemote", "Error in TransferManager subprocess", "instance.start()", "pickle.load(f)"]
+
+
+@given(
+    program=st.sampled_from(["grep", "/usr/bin/grep", "sh", "bash", "tail", "vim", "pgrep", "journalctl"]),
+    args=st.lists(st.sampled_from(["-c", "-f", "-e", "--", *MARKERS, "x.log"]), max_size=6),
+)
+def test_bystanders_quoting_flexkvs_script_are_never_taken_for_a_spawned_remote(program, args):
+    assert not _is_flexkv_spawn([program, *args])
+    assert not _is_flexkv_spawn([sys.executable, *args[:1], "import time; time.sleep(1)", *args])
+
+
+@given(st.text(alphabet="abcdef/_.0123456789", min_size=1, max_size=30))
+def test_flexkvs_own_spawn_script_is_recognised_wherever_its_files_are(path):
+    script = "\n".join(
+        [
+            "import pickle",
+            f'with open("{path}.cls", "rb") as f:',
+            "    cls = pickle.load(f)",
+            'print("Creating TransferManagerOnRemote instance...")',
+            "instance = cls()",
+            "instance.start()",
+        ]
+    )
+    assert _is_flexkv_spawn(["/usr/bin/python3.10", "-c", script])
+
+
+@given(st.lists(st.sampled_from(list(State)), max_size=12))
+def test_states_only_ever_move_forward(moves):
+    tracker = StateTracker({})
+    seen = [tracker.state]
+    for state in moves:
+        if tracker.set(state):
+            seen.append(state)
+        assert tracker.state is seen[-1]
+    order = list(State)
+    assert [order.index(s) for s in seen] == sorted({order.index(s) for s in seen})
