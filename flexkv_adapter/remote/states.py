@@ -71,7 +71,7 @@ class StateTracker:
     """Thread-safe current state; refuses to move backwards; writes the ready file while READY."""
 
     def __init__(self, info: dict[str, Any], ready_file: ReadyFile | None = None) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the SIGUSR1 handler reads it on the main thread
         self._state = State.WAITING_FOR_MASTER
         self._since = time.time()
         self._detail = ""
