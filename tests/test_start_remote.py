@@ -76,6 +76,7 @@ def test_ready_serves_the_protocol_and_sigterm_exits_0_despite_the_hanging_shutd
     assert took < 6, took  # grace_s
     assert remote.orphans() == []
     assert not remote.ready_file.exists()
+    assert list(remote.ipc.iterdir()) == []  # the register and control socket files are gone
     seen = remote.recorded()
     assert seen[0]["cuda_visible_devices"] is None and "cleared CUDA_VISIBLE_DEVICES='0,1'" in err
     assert {"registered": [[0, 0], [0, 1]]} in seen

@@ -12,7 +12,10 @@ SIGTERM and finally SIGKILL whatever still runs. ZMQ contexts are left to proces
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +44,16 @@ def _logged(stop: Callable[[], Any]) -> Callable[[], None]:
     return run
 
 
+def _unlink_ipc(register_port: object) -> None:
+    """Remove the register/control socket files: libzmq would, but only once its context ends."""
+    if not isinstance(register_port, str) or not register_port.startswith("ipc://"):
+        return
+    for path in (register_port[6:], f"{register_port[6:]}_control"):
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+
+
 def _stop_started(tm: Any, deadline: float, reap_grace_s: float) -> None:
     for name, value in (("_shutdown_flag", True), ("_is_ready", False)):
         if hasattr(tm, name):
@@ -55,6 +68,7 @@ def _stop_started(tm: Any, deadline: float, reap_grace_s: float) -> None:
             sock = getattr(tm, name, None)
             if sock is not None and callable(getattr(sock, "close", None)):
                 sock.close(linger=0)
+        _unlink_ipc(getattr(tm, "gpu_register_port", None))
         logger.debug("polling thread stopped, sockets closed")
     stop = getattr(getattr(tm, "transfer_engine", None), "shutdown", None)
     if callable(stop):
