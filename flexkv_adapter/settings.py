@@ -80,14 +80,16 @@ class AdapterSettings(BaseSettings):
     connect_timeout_s: PositiveFloat = 300.0
     handshake_timeout_s: PositiveFloat = 300.0
     gpu_timeout_s: PositiveFloat = 600.0
+    engine_timeout_s: PositiveFloat = 900.0
     grace_s: PositiveFloat = 30.0
+    reap_grace_s: PositiveFloat = 25.0
     probe_interval_s: PositiveFloat = 5.0
     master_lost_s: PositiveFloat = 30.0
     keep_cuda_visible_devices: bool = False
     health_host: str = "127.0.0.1"
     health_port: Port | None = None
     ready_file: Path | None = None
-    lock_dir: Path = Path("/tmp")
+    lock_dir: Path | None = None  # None: $XDG_RUNTIME_DIR, else a private /tmp/flexkv-adapter-<uid>
 
     # SGLang plugin: enabled by SGLANG_PLUGINS=flexkv_adapter or the variable FLEXKV_ADAPTER_SGLANG=1 (read
     # before the settings load). On nodes >= 1, remote "engine" lets FlexKV spawn its remote, "external"

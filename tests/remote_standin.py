@@ -1,110 +1,193 @@
-"""A stand-in for FlexKV's ``TransferManagerOnRemote`` that speaks its protocol (contract §3.3-3.5).
+"""Stand-ins for FlexKV's remote transfer manager and its master, faithful to their lifecycle.
 
-FlexKV's engine cannot run here. This class does what the real remote does on the wire: it
-*connects* PULL to the master's command port, PUSH to the result port and REP to the query port
-(``tcp://{master_host}:{port}``, ``LINGER 0``), blocks without timeout on the pickled
-``{'type': 'config', 'model_config', 'cache_config', 'gpu_register_port'}`` message, binds the
-node-local ``gpu_register_port`` PULL, and in ``start()`` waits without timeout for
-``expected_gpus = instance_num * gpus_per_node`` registrations (deduplicated by
-``(dp_client_id, intra_client_id)``), then sets ``_is_ready`` and serves ``{'type': 'query_ready'}``
-with ``{'ready': bool}`` and acknowledges submitted graphs on the result port. Like FlexKV's, it
-starts worker processes, and its ``shutdown()`` does not reap them (the supervisor must).
+What FlexKV's ``TransferManagerOnRemote`` does (reference/flexkv_consumers.md §5), reproduced here
+with real sockets and processes, because the awkward parts are what start_remote must survive:
 
-Test knobs (environment): ``STANDIN_CHILD_PIDFILE`` (write the worker's pid there),
-``STANDIN_SHUTDOWN_HANG`` (shutdown never returns), ``STANDIN_STATE_FILE`` (record what it saw).
+- the constructor connects PULL/PUSH/REP to the master's command/result/query ports and blocks in
+  ``recv_pyobj()`` (no timeout) for the one config message; it then binds the node-local
+  ``gpu_register_port`` PULL and ``<port>_control`` REP on a *new* ``zmq.Context`` (the first one
+  keeps the three connected sockets);
+- ``_is_ready`` is a plain attribute; ``start()`` blocks: it waits (no timeout, a log line every 5 s)
+  until ``len(all_gpu_blocks) == expected_gpus``, then "allocates and pins" the CPU cache
+  (``STANDIN_ALLOC_S`` seconds) and spawns one worker per GPU (``multiprocessing`` spawn, daemon);
+  workers ignore SIGINT, leave after ``STANDIN_UNPIN_S`` seconds of "unpinning" on SIGTERM or on
+  the engine's sentinel, and leave when the pipe to their parent closes (``STANDIN_WORKER_STUCK``:
+  a worker stuck in a driver call while unpinning, deaf to signals);
+- ``shutdown()`` before ``start()`` finished raises AttributeError (``transfer_engine`` is None);
+  after ready it stops the workers, closes the three connected sockets, then hangs for ever in
+  ``context.term()`` because the bound register/control sockets are still open.
+
+The master sends its config exactly once per lifetime, from a thread blocked in ``send`` until
+the first remote connects, like ``TransferManagerMultiNodeHandle.send_config_to_remotes``.
+``STANDIN_STATE_FILE`` (JSON lines) records what the stand-in saw and how each worker ended;
+``STANDIN_IMPORT_S`` makes importing this module slow, like importing FlexKV.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import multiprocessing as mp
 import os
-import subprocess
-import sys
+import signal
 import threading
 import time
+from typing import Any
 
 import zmq
 
+log = logging.getLogger("standin")
+
+if os.environ.get("STANDIN_IMPORT_S"):  # a slow import (FlexKV pulls in torch), announced for the tests
+    open(os.environ["STANDIN_STATE_FILE"] + ".importing", "w").close()
+    time.sleep(float(os.environ["STANDIN_IMPORT_S"]))
+
+
+def _record(**facts: object) -> None:
+    path = os.environ.get("STANDIN_STATE_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(facts) + "\n")
+
+
+def _worker_main(conn: Any, ready: Any, unpin_s: float) -> None:
+    """One transfer worker: SIGINT ignored, SIGTERM -> unpin and exit, EOF on the pipe -> exit."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    how = "eof"
+    ready.set()
+    try:
+        while conn.recv() is not None:
+            pass
+        how = "sentinel"
+    except EOFError:
+        pass
+    except SystemExit:
+        how = "sigterm"
+    finally:
+        if os.environ.get("STANDIN_WORKER_STUCK"):  # stuck in a driver call: signals stay pending
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        time.sleep(unpin_s)  # unpinning; a second SIGTERM would cut it short, as in FlexKV
+        _record(worker_exit=os.getpid(), how=how)
+
+
+class StandInEngine:
+    """The transfer engine: one spawned worker per GPU; shutdown sends sentinels and joins."""
+
+    def __init__(self, gpus: int) -> None:
+        ctx = mp.get_context("spawn")
+        unpin_s = float(os.environ.get("STANDIN_UNPIN_S", "0.3"))
+        self.workers = []
+        for _ in range(gpus):
+            parent, child = ctx.Pipe()
+            ready = ctx.Event()
+            proc = ctx.Process(target=_worker_main, args=(child, ready, unpin_s), daemon=True)
+            proc.start()
+            self.workers.append((parent, proc, ready))
+        for _, _, ready in self.workers:
+            ready.wait(60)
+        _record(workers=[proc.pid for _, proc, _ in self.workers])
+
+    def shutdown(self) -> None:
+        for conn, _, _ in self.workers:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for _, proc, _ in self.workers:
+            proc.join(600)  # FlexKV: FLEXKV_WORKER_SHUTDOWN_TIMEOUT_S, default 600 s
+
 
 class StandInRemote:
+    """``TransferManagerOnRemote(master_host, master_ports)`` with the same attributes and hangs."""
+
     def __init__(self, master_host: str, master_ports: tuple[str, str, str]) -> None:
-        self._ctx = zmq.Context()
-        self._sockets = []
-
-        def connect(kind: int, port: str) -> zmq.Socket:
-            sock = self._ctx.socket(kind)
+        self.context = zmq.Context()
+        self.command_socket = self.context.socket(zmq.PULL)
+        self.result_socket = self.context.socket(zmq.PUSH)
+        self.query_socket = self.context.socket(zmq.REP)
+        for sock in (self.command_socket, self.result_socket, self.query_socket):
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"tcp://{master_host}:{port}")
-            self._sockets.append(sock)
-            return sock
-
-        self.command_socket = connect(zmq.PULL, master_ports[0])
-        self.result_socket = connect(zmq.PUSH, master_ports[1])
-        self.query_socket = connect(zmq.REP, master_ports[2])
-        message = self.command_socket.recv_pyobj()  # no timeout, as FlexKV
-        assert message["type"] == "config", message
-        self.model_config = message["model_config"]
-        self.cache_config = message["cache_config"]
-        self.gpu_register_port = message["gpu_register_port"]
-        self.expected_gpus = self.model_config["instance_num"] * self.model_config["gpus_per_node"]
-        self.register_socket = self._ctx.socket(zmq.PULL)
-        self.register_socket.setsockopt(zmq.LINGER, 0)
-        self.register_socket.bind(self.gpu_register_port)
-        self._sockets.append(self.register_socket)
+        self._shutdown_flag = False
         self._is_ready = False
-        self._stop = threading.Event()
-        self._record(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), master_ports=list(master_ports))
-
-    def _record(self, **facts: object) -> None:
-        path = os.environ.get("STANDIN_STATE_FILE")
-        if path:
-            with open(path, "a") as f:
-                f.write(json.dumps(facts) + "\n")
+        self._worker_thread: threading.Thread | None = None
+        self.command_socket.connect(f"tcp://{master_host}:{master_ports[0]}")
+        self.result_socket.connect(f"tcp://{master_host}:{master_ports[1]}")
+        self.query_socket.connect(f"tcp://{master_host}:{master_ports[2]}")
+        _record(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), master_ports=list(master_ports))
+        message = self.command_socket.recv_pyobj()  # no timeout, as FlexKV
+        if not (isinstance(message, dict) and message.get("type") == "config"):
+            raise RuntimeError(f"Expected config message, got: {message}")
+        self.model_config = message["model_config"]
+        self.gpu_register_port = message["gpu_register_port"]
+        _record(config=True)
+        # TransferManager.__init__: a second context holds the node-local bound sockets
+        self.expected_gpus = self.model_config["instance_num"] * self.model_config["gpus_per_node"]
+        self.all_gpu_blocks: dict[tuple[int, int], Any] = {}
+        self.transfer_engine: StandInEngine | None = None
+        self.context = zmq.Context(2)
+        self.recv_from_client = self.context.socket(zmq.PULL)
+        self.recv_from_client.bind(self.gpu_register_port)
+        self.gpu_control_socket = self.context.socket(zmq.REP)
+        self.gpu_control_socket.bind(f"{self.gpu_register_port}_control")
 
     def start(self) -> None:
-        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        if os.environ.get("STANDIN_CHILD_PIDFILE"):
-            with open(os.environ["STANDIN_CHILD_PIDFILE"], "w") as f:
-                f.write(str(worker.pid))
-        self._worker_thread = threading.Thread(target=self._run, daemon=True)
+        last_log = time.time()
+        while len(self.all_gpu_blocks) < self.expected_gpus:
+            try:
+                req = self.recv_from_client.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                if time.time() - last_log >= 5.0:
+                    log.info("Still waiting for GPU registrations: %d/%d", len(self.all_gpu_blocks), self.expected_gpus)
+                    last_log = time.time()
+                time.sleep(0.005)
+                continue
+            self.all_gpu_blocks.setdefault((req["dp_client_id"], req["intra_client_id"]), req["handles"])
+        _record(registered=sorted(self.all_gpu_blocks))
+        time.sleep(float(os.environ.get("STANDIN_ALLOC_S", "0.2")))  # StorageEngine: allocate and pin
+        self.transfer_engine = StandInEngine(self.expected_gpus)
+        self._is_ready = True
+        self._worker_thread = threading.Thread(target=self._polling_worker, daemon=True)
         self._worker_thread.start()
 
-    def _run(self) -> None:
-        registered: set[tuple[int, int]] = set()
-        while len(registered) < self.expected_gpus and not self._stop.is_set():
-            if self.register_socket.poll(50):
-                request = self.register_socket.recv_pyobj()
-                registered.add((request["dp_client_id"], request["intra_client_id"]))
-        if self._stop.is_set():
-            return
-        self._is_ready = True
-        self._record(registered=sorted(registered))
+    def _polling_worker(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.command_socket, zmq.POLLIN)
-        poller.register(self.query_socket, zmq.POLLIN)
-        while not self._stop.is_set():
-            for sock, _ in poller.poll(50):
+        for sock in (self.command_socket, self.query_socket, self.gpu_control_socket):
+            poller.register(sock, zmq.POLLIN)
+        while not self._shutdown_flag:
+            for sock, _ in poller.poll(10):
                 message = sock.recv_pyobj()
                 if sock is self.query_socket:
                     sock.send_pyobj({"ready": self._is_ready})
+                elif sock is self.gpu_control_socket:
+                    sock.send_pyobj({"ok": True})
                 elif message.get("type") == "submit":
                     self.result_socket.send_pyobj({"op_id": message["task_end_op_id"], "completed": True})
+                else:
+                    log.warning("Unexpected command message: %s", message)
+                    _record(unexpected=message.get("type"))
 
     def shutdown(self) -> None:
-        if os.environ.get("STANDIN_SHUTDOWN_HANG"):
-            time.sleep(3600)
-        self._stop.set()
-        if hasattr(self, "_worker_thread"):
-            self._worker_thread.join(2)
-        for sock in self._sockets:
+        self._shutdown_flag = True
+        self._is_ready = False
+        if self._worker_thread is not None and self._worker_thread.is_alive():
+            self._worker_thread.join(5.0)
+        self.transfer_engine.shutdown()  # type: ignore[union-attr]  # AttributeError before start, as FlexKV
+        for sock in (self.command_socket, self.result_socket, self.query_socket):
             sock.close()
-        self._record(shutdown=True)
+        _record(term=True)
+        self.context.term()  # never returns: the bound register/control sockets are still open
 
 
 class MasterStandIn:
-    """Node 0's side, as FlexKV's ``TransferManagerMultiNodeHandle`` binds it (contract §3.3)."""
+    """Node 0's ``TransferManagerMultiNodeHandle``: binds the three ports, sends its config once."""
 
-    def __init__(self, host: str, ports: tuple[int, int, int]) -> None:
+    def __init__(
+        self, host: str, ports: tuple[int, int, int], gpu_register_port: str, gpus: int = 2, config: dict | None = None
+    ) -> None:
         self._ctx = zmq.Context()
         self.command = self._bind(zmq.PUSH, host, ports[0])
         self.result = self._bind(zmq.PULL, host, ports[1])
@@ -112,6 +195,16 @@ class MasterStandIn:
         self.query.setsockopt(zmq.RCVTIMEO, 1000)
         self.query.setsockopt(zmq.REQ_RELAXED, 1)
         self.query.setsockopt(zmq.REQ_CORRELATE, 1)
+        self.config = config or {
+            "type": "config",
+            "model_config": {"instance_num": 1, "gpus_per_node": gpus, "num_layers": 2},
+            "cache_config": {"tokens_per_block": 16},
+            "gpu_register_port": gpu_register_port,
+        }
+        self.config_sent = threading.Event()
+        self._closing = threading.Event()
+        self._sender = threading.Thread(target=self._send_config_once, daemon=True)
+        self._sender.start()
 
     def _bind(self, kind: int, host: str, port: int) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -119,16 +212,16 @@ class MasterStandIn:
         sock.bind(f"tcp://{host}:{port}")
         return sock
 
-    def send_config(self, gpu_register_port: str, gpus_per_node: int = 2) -> None:
-        """Blocks until a remote connects (PUSH without SNDTIMEO), as FlexKV's master does."""
-        self.command.send_pyobj(
-            {
-                "type": "config",
-                "model_config": {"instance_num": 1, "gpus_per_node": gpus_per_node, "num_layers": 2},
-                "cache_config": {"tokens_per_block": 16},
-                "gpu_register_port": gpu_register_port,
-            }
-        )
+    def _send_config_once(self) -> None:
+        """FlexKV's send blocks until a remote connects; here in slices, so close() can stop it."""
+        self.command.setsockopt(zmq.SNDTIMEO, 50)
+        while not self._closing.is_set():
+            try:
+                self.command.send_pyobj(self.config)
+            except zmq.Again:
+                continue
+            self.config_sent.set()
+            return
 
     def is_ready(self) -> bool:
         try:
@@ -138,14 +231,17 @@ class MasterStandIn:
             return False
 
     def submit(self, op_id: int) -> dict:
+        self._sender.join()
         self.command.send_pyobj({"type": "submit", "graph": None, "task_end_op_id": op_id})
         self.result.setsockopt(zmq.RCVTIMEO, 2000)
         return self.result.recv_pyobj()
 
     def close(self) -> None:
+        self._closing.set()
+        self._sender.join()
         for sock in (self.command, self.result, self.query):
             sock.close()
-        self._ctx.term()
+        self._ctx.term()  # returns once the ports are unbound, so a restarted master can bind them
 
 
 def register_gpus(gpu_register_port: str, count: int) -> None:
@@ -155,5 +251,5 @@ def register_gpus(gpu_register_port: str, count: int) -> None:
     sock.connect(gpu_register_port)
     for rank in range(count):
         sock.send_pyobj({"dp_client_id": 0, "intra_client_id": rank, "device_id": rank, "handles": []})
-    sock.close(linger=2000)
+    sock.close(linger=10000)  # a loaded machine can take seconds to connect
     ctx.term()

@@ -22,7 +22,8 @@ from flexkv_adapter.integrations.external_remote import (
     probe_ready_file,
     wait_for_start_remote,
 )
-from flexkv_adapter.remote.states import HealthServer, State, StateTracker
+from flexkv_adapter.remote.health import HealthServer
+from flexkv_adapter.remote.states import State, StateTracker
 
 PORTS = ("5556", "5557", "5558")
 

@@ -1,137 +1,33 @@
-"""scripts/start_remote.py as a real subprocess against a master that binds FlexKV's three ports.
+"""scripts/start_remote.py as a real subprocess against stand-ins that behave like FlexKV's remote.
 
-The transfer manager is the protocol stand-in (tests/remote_standin.py); sockets, signals,
-subprocesses, timers and the health endpoint are real.
+The stand-in (tests/remote_standin.py) blocks in its constructor for the one config, blocks in
+start(), spawns worker processes that take time to exit, and hangs for ever in shutdown() after
+ready; the master sends its config once. Sockets, signals, processes and timers are real.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from flexkv_adapter.remote.exit_codes import ExitCode
 
+from .remote_harness import Remote, run_once
 from .remote_standin import MasterStandIn, register_gpus
 
-ROOT = Path(__file__).parents[1]
-SCRIPT = ROOT / "scripts" / "start_remote.py"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Remote:
-    """One start_remote.py process with its own ports, lock dir, health endpoint and files."""
-
-    def __init__(self, tmp_path: Path, *extra: str, env: dict[str, str] | None = None, ports=None, **flags):
-        self.tmp = tmp_path
-        self.ports = ports or tuple(free_ports(3))
-        self.health_port = free_ports(1)[0]
-        self.register_port = f"ipc://{tmp_path}/flexkv"
-        self.child_pidfile = tmp_path / "child.pid"
-        self.state_file = tmp_path / "standin.jsonl"
-        self.ready_file = tmp_path / "ready.json"
-        options = {
-            "master-host": "127.0.0.1",
-            "master-ports": ",".join(map(str, self.ports)),
-            "nnodes": 2,
-            "node-rank": 1,
-            "transfer-manager": "tests.remote_standin:StandInRemote",
-            "server-recv-port": self.register_port,
-            "lock-dir": str(tmp_path / "locks"),
-            "health-port": self.health_port,
-            "ready-file": str(self.ready_file),
-            "connect-timeout": 10,
-            "handshake-timeout": 10,
-            "gpu-timeout": 10,
-            "grace": 3,
-            "probe-interval": 0.2,
-            "master-lost": 0.8,
-        }
-        options.update({k.replace("_", "-"): v for k, v in flags.items()})
-        self.argv = [sys.executable, str(SCRIPT), "--allow-loopback-master", *extra]
-        self.argv += [arg for k, v in options.items() if v is not None for arg in (f"--{k}", str(v))]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXKV")}
-        full_env.update(
-            PYTHONPATH=str(ROOT),
-            STANDIN_CHILD_PIDFILE=str(self.child_pidfile),
-            STANDIN_STATE_FILE=str(self.state_file),
-            **(env or {}),
-        )
-        self.proc = subprocess.Popen(
-            self.argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-        )
-
-    def health(self) -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/", timeout=1) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-        except OSError:
-            return 0, {}
-
-    def wait_state(self, state: str, timeout: float = 15) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.finish()
-            _, body = self.health()
-            if body.get("state") == state:
-                return body
-            time.sleep(0.05)
-        raise AssertionError(f"never reached {state}: {self.health()}")
-
-    def finish(self, timeout: float = 20) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out, err
-
-    def signal(self, sig=signal.SIGTERM) -> None:
-        self.proc.send_signal(sig)
-
-    def child_alive(self) -> bool:
-        pid = int(self.child_pidfile.read_text())
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-    def recorded(self) -> list[dict]:
-        return [json.loads(line) for line in self.state_file.read_text().splitlines()]
-
-
-def _serve_config(master: MasterStandIn, remote: Remote, gpus: int = 2) -> threading.Thread:
-    t = threading.Thread(target=master.send_config, args=(remote.register_port, gpus), daemon=True)
-    t.start()
-    return t
+ORDER = ["waiting_for_master", "handshake", "waiting_for_gpus", "starting_engine", "ready", "shutting_down", "failed"]
 
 
 @pytest.fixture
 def master_for():
     masters = []
 
-    def make(remote_or_ports):
-        ports = remote_or_ports.ports if isinstance(remote_or_ports, Remote) else remote_or_ports
-        m = MasterStandIn("127.0.0.1", ports)
+    def make(remote: Remote, gpus: int = 2, register_port: str | None = None, config: dict | None = None):
+        m = MasterStandIn("127.0.0.1", remote.ports, register_port or remote.register_port, gpus, config)
         masters.append(m)
         return m
 
@@ -141,156 +37,228 @@ def master_for():
             m.close()
 
 
-def test_master_up_first_reaches_ready_serves_the_protocol_and_stops_cleanly(tmp_path, master_for):
-    ports = tuple(free_ports(3))
-    master = master_for(ports)
-    remote = Remote(tmp_path, ports=ports, env={"CUDA_VISIBLE_DEVICES": "0,1"})
-    _serve_config(master, remote).join(10)
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if " ERROR start_remote: " in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def assert_forward(states: list[str]) -> None:
+    assert [ORDER.index(s) for s in states] == sorted(ORDER.index(s) for s in states), states
+    assert len(set(states)) == len(states), states
+
+
+def to_ready(remote: Remote, master_for, gpus: int = 2) -> MasterStandIn:
+    master = master_for(remote, gpus)
     remote.wait_state("waiting_for_gpus")
-    assert remote.health()[0] == 503 and not remote.ready_file.exists()
+    register_gpus(remote.register_port, gpus)
+    remote.wait_state("ready")
+    return master
+
+
+def test_ready_serves_the_protocol_and_sigterm_exits_0_despite_the_hanging_shutdown(tmp_path, master_for):
+    remote = Remote(tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1", "STANDIN_ALLOC_S": "1"})
+    master = master_for(remote)
+    body = remote.wait_state("waiting_for_gpus")
+    assert remote.register_port in body["detail"] and remote.health()[0] == 503
+    assert not remote.ready_file.exists()
     register_gpus(remote.register_port, 2)
+    assert "2/2 GPU ranks registered" in remote.wait_state("starting_engine")["detail"]
     body = remote.wait_state("ready")
     assert remote.health()[0] == 200 and body["node_rank"] == 1
     assert json.loads(remote.ready_file.read_text())["state"] == "ready"
     assert master.is_ready() and master.submit(7) == {"op_id": 7, "completed": True}
-    assert remote.child_alive()
-    remote.signal(signal.SIGTERM)
-    code, _, err = remote.finish()
+    workers = next(r["workers"] for r in remote.recorded() if "workers" in r)
+    assert set(workers) <= set(remote.children) and len(workers) == 2
+
+    code, err, took = remote.stop(signal.SIGTERM)
     assert code == ExitCode.OK, err
-    assert not remote.child_alive(), "the transfer manager's worker process was orphaned"
+    assert took < 6, took  # grace_s
+    assert remote.orphans() == []
     assert not remote.ready_file.exists()
+    assert list(remote.ipc.iterdir()) == []  # the register and control socket files are gone
     seen = remote.recorded()
-    assert seen[0] == {"cuda_visible_devices": None, "master_ports": [str(p) for p in ports]}
-    assert {"registered": [[0, 0], [0, 1]]} in seen and {"shutdown": True} in seen
-    assert "cleared CUDA_VISIBLE_DEVICES='0,1'" in err
-    for state in ("waiting_for_master", "handshake", "waiting_for_gpus", "ready", "shutting_down"):
-        assert f"state: {state}" in err
+    assert seen[0]["cuda_visible_devices"] is None and "cleared CUDA_VISIBLE_DEVICES='0,1'" in err
+    assert {"registered": [[0, 0], [0, 1]]} in seen
+    assert sorted(r["worker_exit"] for r in seen if r.get("how") == "sentinel") == sorted(workers)  # unpinned
+    assert {"term": True} not in seen  # FlexKV's shutdown() (which hangs in term()) was never called
+    assert remote.states(err) == ORDER[:-1]
 
 
-def test_master_late_is_waited_for_with_backoff(tmp_path, master_for):
-    remote = Remote(tmp_path)
-    time.sleep(1.2)
-    assert remote.health()[1]["state"] == "waiting_for_master"
-    master = master_for(remote)
-    _serve_config(master, remote, gpus=1)
-    remote.wait_state("waiting_for_gpus")
-    register_gpus(remote.register_port, 1)
-    remote.wait_state("ready")
-    remote.signal(signal.SIGINT)
-    code, _, err = remote.finish()
-    assert code == ExitCode.OK and "retry in 0.2s" in err and "Connection refused" in err
-
-
-def test_master_never_up_hits_the_connect_deadline(tmp_path):
-    remote = Remote(tmp_path, connect_timeout=0.8)
-    code, _, err = remote.finish()
-    assert code == ExitCode.MASTER_UNREACHABLE
-    assert "not reachable within 0.8s" in err.splitlines()[-1]
-
-
-def test_config_never_sent_hits_the_handshake_deadline(tmp_path, master_for):
-    remote = Remote(tmp_path, handshake_timeout=0.8)
-    master_for(remote)
-    code, _, err = remote.finish()
-    assert code == ExitCode.HANDSHAKE_TIMEOUT and "timed out in handshake" in err
-
-
-def test_gpus_never_register_hits_the_gpu_deadline_without_orphans(tmp_path, master_for):
-    remote = Remote(tmp_path, gpu_timeout=0.8)
-    _serve_config(master_for(remote), remote)
-    code, _, err = remote.finish()
-    assert code == ExitCode.GPU_TIMEOUT and "timed out in waiting_for_gpus" in err
-    assert not remote.child_alive()
-
-
-def test_master_dying_after_ready_ends_the_remote(tmp_path, master_for):
-    remote = Remote(tmp_path)
-    master = master_for(remote)
-    _serve_config(master, remote, gpus=1)
-    remote.wait_state("waiting_for_gpus")
-    register_gpus(remote.register_port, 1)
-    remote.wait_state("ready")
-    master.close()
-    code, _, err = remote.finish()
-    assert code == ExitCode.MASTER_LOST and "unreachable for" in err
-    assert not remote.child_alive()
-
-
-@pytest.mark.parametrize("state", ["waiting_for_master", "handshake", "waiting_for_gpus"])
-def test_sigterm_in_each_state_exits_cleanly(tmp_path, master_for, state):
-    remote = Remote(tmp_path)
+@pytest.mark.parametrize(
+    ("state", "sig"),
+    [
+        ("waiting_for_master", signal.SIGTERM),
+        ("handshake", signal.SIGTERM),
+        ("waiting_for_gpus", signal.SIGINT),
+        ("starting_engine", signal.SIGTERM),
+        ("ready", signal.SIGHUP),
+    ],
+)
+def test_a_stop_signal_in_every_state_exits_0_within_grace_without_descendants(tmp_path, master_for, state, sig):
+    remote = Remote(tmp_path, env={"STANDIN_ALLOC_S": "30" if state == "starting_engine" else "0.1"})
     if state != "waiting_for_master":
-        master = master_for(remote)
-        if state == "waiting_for_gpus":
-            _serve_config(master, remote)
+        master_for(remote, gpus=1)
+    if state in ("starting_engine", "ready"):
+        remote.wait_state("waiting_for_gpus")
+        register_gpus(remote.register_port, 1)
     remote.wait_state(state)
-    started = time.monotonic()
-    remote.signal(signal.SIGTERM)
-    code, _, err = remote.finish()
+    code, err, took = remote.stop(sig)
     assert code == ExitCode.OK, err
-    assert time.monotonic() - started < 3
-    if state == "waiting_for_gpus":
-        assert not remote.child_alive()
+    assert took < 6 and remote.orphans() == []
+    assert not remote.ready_file.exists()
+    states = remote.states(err)
+    assert states[-1] == "shutting_down" or state == "waiting_for_master"
+    assert_forward(states)
 
 
-def test_shutdown_past_the_grace_period_or_a_second_signal_forces_exit(tmp_path, master_for):
-    remote = Remote(tmp_path, grace=0.6, env={"STANDIN_SHUTDOWN_HANG": "1"})
-    _serve_config(master_for(remote), remote, gpus=1)
+def test_a_signal_before_the_handshake_never_consumes_node_0s_config(tmp_path, master_for):
+    remote = Remote(tmp_path, env={"STANDIN_IMPORT_S": "1.5"})
+    master = master_for(remote, gpus=1)
+    marker = tmp_path / "standin.jsonl.importing"
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    code, err, _ = remote.stop(signal.SIGTERM)
+    assert code == ExitCode.OK, err
+    assert "stopped before connecting to the master" in err and "handshake" not in remote.states(err)
+    time.sleep(0.3)
+    assert not master.config_sent.is_set()
+    (tmp_path / "next").mkdir()
+    later = Remote(tmp_path / "next", ports=remote.ports, ipc=remote.ipc)  # the config is still there for it
+    later.wait_state("waiting_for_gpus")
+    assert master.config_sent.is_set()
+    assert later.stop()[0] == ExitCode.OK
+
+
+def test_a_restart_while_node_0_stays_up_exits_11_explaining_the_one_shot_config(tmp_path, master_for):
+    first = Remote(tmp_path)
+    master_for(first, gpus=1)
+    first.wait_state("waiting_for_gpus")
+    assert first.stop()[0] == ExitCode.OK
+    (tmp_path / "again").mkdir()
+    again = Remote(tmp_path / "again", ports=first.ports, handshake_timeout=1)
+    code, _, err = again.finish()
+    last = error_line(err)
+    assert code == ExitCode.HANDSHAKE_TIMEOUT, err
+    assert "sends its config once" in last and "restart node 0's engine" in last
+
+
+def test_losing_the_master_after_ready_is_final(tmp_path, master_for):
+    remote = Remote(tmp_path)
+    master = to_ready(remote, master_for, gpus=1)
+    master.close()
+    started = time.monotonic()
+    code, _, err = remote.finish()
+    assert code == ExitCode.MASTER_LOST and "never re-handshakes" in error_line(err)
+    assert time.monotonic() - started < 6 and remote.orphans() == []
+
+
+def test_a_restarted_master_is_not_served_by_the_stale_remote(tmp_path, master_for):
+    remote = Remote(tmp_path, master_lost=30, probe_interval=5)
+    master = to_ready(remote, master_for, gpus=1)
+    master.close()
+    restarted = master_for(remote, gpus=1)  # same ports at once: TCP probes would never notice
+    code, _, err = remote.finish()
+    assert code == ExitCode.MASTER_LOST, err
+    assert "connection closed" in error_line(err)
+    assert not restarted.config_sent.is_set() and remote.orphans() == []
+
+
+def test_the_gpu_deadline_names_the_register_port_bound_from_the_masters_config(tmp_path, master_for):
+    remote = Remote(tmp_path, gpu_timeout=1)
+    node0_port = f"ipc://{remote.ipc}/node0_gpu_register"  # node 0's FLEXKV_SERVER_RECV_PORT differs
+    master_for(remote, gpus=2, register_port=node0_port)
+    remote.wait_state("waiting_for_gpus")
+    register_gpus(node0_port, 1)
+    code, _, err = remote.finish()
+    last = error_line(err)
+    assert code == ExitCode.GPU_TIMEOUT, err
+    assert f"1/2 local GPU ranks registered with {node0_port} (bound from the master's config)" in last
+    assert f"local setting: {remote.register_port}" in last
+
+
+def test_engine_start_up_has_its_own_deadline(tmp_path, master_for):
+    remote = Remote(tmp_path, engine_timeout=1, env={"STANDIN_ALLOC_S": "30"})
+    master_for(remote, gpus=1)
     remote.wait_state("waiting_for_gpus")
     register_gpus(remote.register_port, 1)
-    remote.wait_state("ready")
-    remote.signal(signal.SIGTERM)
     code, _, err = remote.finish()
-    assert code == ExitCode.FORCED and "did not shut down within grace_s=0.6s" in err
-    assert not remote.child_alive()
+    assert code == ExitCode.ENGINE_TIMEOUT and "timed out in starting_engine" in err, err
+    assert remote.states(err)[-3:] == ["starting_engine", "shutting_down", "failed"]
+
+
+STUCK = {"STANDIN_UNPIN_S": "30", "STANDIN_WORKER_STUCK": "1"}
+
+
+def test_workers_slower_than_the_grace_period_or_a_second_signal_force_exit(tmp_path, master_for):
+    remote = Remote(tmp_path, grace=2, reap_grace=0.5, env=STUCK)
+    to_ready(remote, master_for, gpus=1)
+    code, err, took = remote.stop()
+    assert code == ExitCode.FORCED and "had to be killed" in err, err
+    assert took < 2.5 and remote.orphans() == []
 
     (tmp_path / "second").mkdir()
-    second = Remote(tmp_path / "second", grace=30, env={"STANDIN_SHUTDOWN_HANG": "1"})
-    _serve_config(master_for(second), second, gpus=1)
-    second.wait_state("waiting_for_gpus")
-    register_gpus(second.register_port, 1)
-    second.wait_state("ready")
-    second.signal(signal.SIGTERM)
+    second = Remote(tmp_path / "second", grace=30, reap_grace=25, env=STUCK)
+    to_ready(second, master_for, gpus=1)
+    second.proc.send_signal(signal.SIGTERM)
     second.wait_state("shutting_down")
-    second.signal(signal.SIGINT)
-    code, _, err = second.finish()
+    code, err, took = second.stop(signal.SIGINT)
     assert code == ExitCode.FORCED and "another signal during shutdown" in err
+    assert took < 3 and second.orphans() == []
 
 
-def test_a_second_instance_for_the_same_master_is_refused(tmp_path):
+def test_sigusr1_logs_the_state_and_keeps_running(tmp_path, master_for):
+    remote = Remote(tmp_path)
+    to_ready(remote, master_for, gpus=1)
+    remote.proc.send_signal(signal.SIGUSR1)
+    time.sleep(0.3)
+    assert remote.health()[0] == 200 and remote.ready_file.exists()
+    code, err, _ = remote.stop()
+    assert code == ExitCode.OK and "received SIGUSR1: {'state': 'ready'" in err
+    assert not remote.ready_file.exists()
+
+
+def test_master_late_is_waited_for_and_master_never_up_hits_the_connect_deadline(tmp_path, master_for):
+    remote = Remote(tmp_path)
+    time.sleep(1.0)
+    assert remote.health()[1]["state"] == "waiting_for_master"
+    to_ready(remote, master_for, gpus=1)
+    code, err, _ = remote.stop(signal.SIGINT)
+    assert code == ExitCode.OK and "retry in 0.2s" in err and "Connection refused" in err
+
+    (tmp_path / "never").mkdir()
+    never = Remote(tmp_path / "never", connect_timeout=0.5)
+    code, _, err = never.finish()
+    assert code == ExitCode.MASTER_UNREACHABLE and "not reachable within 0.5s" in error_line(err)
+
+
+def test_a_transfer_manager_that_raises_exits_14(tmp_path, master_for):
+    remote = Remote(tmp_path)
+    master_for(remote, gpus=1, config={"type": "hello"})
+    code, _, err = remote.finish()
+    assert code == ExitCode.CRASHED and "Expected config message" in error_line(err)
+
+
+def test_a_second_instance_for_the_same_master_is_refused_however_the_host_is_spelled(tmp_path):
     first = Remote(tmp_path)
     first.wait_state("waiting_for_master")
-    second = Remote(tmp_path, ports=first.ports)
+    second = Remote(tmp_path, ports=first.ports, master_host="localhost")
     code, _, err = second.finish()
     assert code == ExitCode.ALREADY_RUNNING and f"pid {first.proc.pid}" in err
-    first.signal()
-    assert first.finish()[0] == ExitCode.OK
+    assert first.stop()[0] == ExitCode.OK
 
 
 def test_dry_run_validates_preflights_and_prints_the_plan(tmp_path, master_for):
-    ports = tuple(free_ports(3))
-    master_for(ports)
-    remote = Remote(tmp_path, "--dry-run", ports=ports)
+    remote = Remote(tmp_path, "--dry-run")
+    master_for(remote)
     code, out, err = remote.finish()
     assert code == ExitCode.OK, err
     plan = json.loads(out)
-    assert plan["master"] == {"host": "127.0.0.1", "ports": list(ports)}
-    assert plan["gpu_register_port"] == f"{remote.register_port}_gpu_register"
+    assert plan["master"] == {"host": "127.0.0.1", "ports": list(remote.ports)}
+    assert plan["gpu_register_port"] == remote.register_port
+    assert plan["deadlines_s"]["engine_start"] == 20 and plan["deadlines_s"]["reap_grace"] == 4
     assert not remote.state_file.exists()  # nothing started
-
-
-def _refusal(tmp_path, *argv: str, env=None) -> tuple[int, str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXKV")}
-    full_env.update(env or {}, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--lock-dir", str(tmp_path), *argv],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    lines = done.stderr.strip().splitlines()
-    return done.returncode, lines[-1] if lines else ""
 
 
 @pytest.mark.parametrize(
@@ -327,11 +295,15 @@ def _refusal(tmp_path, *argv: str, env=None) -> tuple[int, str]:
     ids=["node-rank-0", "loopback", "duplicate-ports", "invalid-port", "bad-rank", "flexkv-missing", "no-master"],
 )
 def test_refusals_have_one_line_errors_and_distinct_statuses(tmp_path, argv, env, code, message):
-    got, line = _refusal(tmp_path, *argv, env=env)
+    got, line = run_once("--lock-dir", str(tmp_path), *argv, env=env)
     assert got == code and message in line, line
 
 
 def test_flexkv_adapter_start_remote_is_the_same_entry_point(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
     exe = Path(sys.executable).with_name("flexkv-adapter")
     done = subprocess.run(
         [str(exe), "start-remote", "--node-rank", "0", "--master-host", "10.0.0.1", "--lock-dir", str(tmp_path)],

@@ -12,11 +12,12 @@ from typing import Any
 
 from ..errors import SettingsError
 from ..settings import AdapterSettings, load_settings
-from .children import reap_descendants
+from .children import end_children, reap_descendants
 from .exit_codes import ExitCode, RemoteExit
-from .lock import InstanceLock, flexkv_spawned_remotes
+from .health import HealthServer
+from .lock import InstanceLock, flexkv_spawned_remotes, prepare_lock_dir
 from .preflight import StopRequested, apply_gpu_visibility, load_transfer_manager, validate, wait_for_master
-from .states import HealthServer, State, StateTracker
+from .states import ReadyFile, State, StateTracker
 from .supervisor import Signals, Supervisor
 
 logger = logging.getLogger("flexkv_adapter.remote")
@@ -32,13 +33,15 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--connect-timeout", "connect_timeout_s", float, "seconds to wait for the master's ports"),
     ("--handshake-timeout", "handshake_timeout_s", float, "seconds to wait for the master's config"),
     ("--gpu-timeout", "gpu_timeout_s", float, "seconds to wait for local GPU registrations"),
-    ("--grace", "grace_s", float, "seconds for a clean shutdown after SIGTERM/SIGINT"),
-    ("--probe-interval", "probe_interval_s", float, "seconds between master liveness probes"),
-    ("--master-lost", "master_lost_s", float, "exit after the master is unreachable this long"),
+    ("--engine-timeout", "engine_timeout_s", float, "seconds for the transfer engine to start after registration"),
+    ("--grace", "grace_s", float, "seconds for a clean shutdown after SIGTERM/SIGINT/SIGHUP"),
+    ("--reap-grace", "reap_grace_s", float, "of grace_s, seconds workers get to stop (unpin) before SIGTERM"),
+    ("--probe-interval", "probe_interval_s", float, "after ready: seconds between heartbeats to the master"),
+    ("--master-lost", "master_lost_s", float, "after ready: exit when the master's heartbeats fail this long"),
     ("--health-host", "health_host", str, "health endpoint address"),
     ("--health-port", "health_port", int, "health endpoint port (off unless set)"),
     ("--ready-file", "ready_file", str, "file present (JSON) only while ready"),
-    ("--lock-dir", "lock_dir", str, "directory of the one-remote-per-master lock"),
+    ("--lock-dir", "lock_dir", str, "existing directory of the lock (default: $XDG_RUNTIME_DIR or a private one)"),
 )
 
 
@@ -80,7 +83,9 @@ def _plan(s: AdapterSettings, visibility: str, lock: InstanceLock) -> dict[str, 
             "connect": s.connect_timeout_s,
             "handshake": s.handshake_timeout_s,
             "gpu_registration": s.gpu_timeout_s,
+            "engine_start": s.engine_timeout_s,
             "grace": s.grace_s,
+            "reap_grace": s.reap_grace_s,
             "master_lost": s.master_lost_s,
         },
         "health": f"http://{s.health_host}:{s.health_port}/" if s.health_port else None,
@@ -92,13 +97,20 @@ def _plan(s: AdapterSettings, visibility: str, lock: InstanceLock) -> dict[str, 
 def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | None = None) -> ExitCode:
     """Everything after settings are loaded; always cleans up (lock, ready file, children)."""
     signals = signals or Signals()
-    lock = InstanceLock(s.lock_dir, s.master_host or "unset", s.master_ports)
+    lock: InstanceLock | None = None
     tracker: StateTracker | None = None
     health: HealthServer | None = None
+    ready_file = ReadyFile(s.ready_file) if s.ready_file else None
+    code = ExitCode.FORCED
     try:
         validate(s)
+        lock_dir = prepare_lock_dir(s.lock_dir)
+        if ready_file is not None:
+            ready_file.check()  # fails now rather than when ready
         visibility = apply_gpu_visibility(s.keep_cuda_visible_devices)
         tm_class = load_transfer_manager(s.transfer_manager)
+        assert s.master_host is not None
+        lock = InstanceLock(lock_dir, s.master_host, s.master_ports)
         lock.acquire()
         spawned = flexkv_spawned_remotes()
         if spawned:
@@ -107,32 +119,36 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
                 f"FlexKV's engine already spawned a remote on this node (pid {spawned}); two remotes "
                 f"on one master split its commands. Stop one of them",
             )
-        tracker = StateTracker(
-            {"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, s.ready_file
-        )
+        if ready_file is not None:
+            ready_file.remove()  # under the lock: a stale file of an earlier run says ready while we wait
+        tracker = StateTracker({"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, ready_file)
+        signals.describe = tracker.snapshot
         if s.health_port:
             health = HealthServer(tracker, s.health_host, s.health_port)
             health.start()
         wait_for_master(s, signals.wait)
         if dry_run:
             print(json.dumps(_plan(s, visibility, lock), indent=2))
-            return ExitCode.OK
-        return Supervisor(s, tm_class, tracker, signals).run()
+            code = ExitCode.OK
+        else:
+            code = Supervisor(s, tm_class, tracker, signals).run()
     except StopRequested:
-        logger.info("stopped before the transfer manager started")
-        return ExitCode.OK
+        logger.info("stopped before connecting to the master")
+        code = ExitCode.OK
     except RemoteExit as exc:
         if tracker is not None:
             tracker.set(State.FAILED, str(exc))
         logger.error("%s", exc)
-        return exc.code
+        code = exc.code
     finally:
         if health is not None:
             health.stop()
-        if s.ready_file is not None and tracker is not None:
-            s.ready_file.unlink(missing_ok=True)
-        reap_descendants(grace_s=min(2.0, s.grace_s))
-        lock.release()
+        if ready_file is not None and tracker is not None:
+            ready_file.remove()
+        reap_descendants(0.0 if code is ExitCode.FORCED else min(s.reap_grace_s, s.grace_s))
+        if lock is not None:
+            lock.release()
+    return code
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> int:
@@ -151,12 +167,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> in
     except SettingsError as exc:
         print(f"error: {exc}".replace(":\n  ", ": ").replace("\n  ", "; "), file=sys.stderr)
         return ExitCode.BAD_PORTS if "master_ports" in exc.keys else ExitCode.SETTINGS
+    except Exception as exc:  # a malformed YAML file, an unreadable one
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        print(f"error: cannot load settings (config {args.config or '$FLEXKV_ADAPTER_CONFIG'}): {why}", file=sys.stderr)
+        return ExitCode.SETTINGS
     return int(run_remote(s, args.dry_run, signals))
 
 
 def entry_point(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> None:
     """Exit without waiting for threads blocked inside FlexKV (they have no timeouts)."""
     code = main(argv, prog)
+    end_children()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

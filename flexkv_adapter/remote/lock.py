@@ -1,63 +1,132 @@
-"""One remote per node and master: an flock'd pid file, plus detection of FlexKV's own spawn."""
+"""One remote per node and master: an flock'd pid file, plus detection of FlexKV's own spawn.
+
+The lock file lives in a directory other users cannot write to (``$XDG_RUNTIME_DIR``, else a
+0700 directory of our own), is opened without following symlinks and must be a regular file we
+own, so a planted link or FIFO can neither redirect the pid we write nor hang start-up.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import os
-import re
+import socket
+import stat
 from pathlib import Path
-from typing import IO
 
 from .exit_codes import ExitCode, RemoteExit
 
-# FlexKV's in-engine spawn runs ``python -c <script>``; its script prints this on failure.
-_FLEXKV_SPAWN_MARKER = "Error in TransferManager subprocess"
+
+def _fail(message: str) -> RemoteExit:
+    return RemoteExit(ExitCode.LOCAL_FILES, message)
+
+
+def default_lock_dir() -> Path:
+    """``$XDG_RUNTIME_DIR`` when it is a private directory of ours, else ``/tmp/flexkv-adapter-<uid>``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _private_dir(Path(runtime)):
+        return Path(runtime)
+    return Path(f"/tmp/flexkv-adapter-{os.geteuid()}")
+
+
+def _private_dir(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def prepare_lock_dir(configured: Path | None) -> Path:
+    """The directory to lock in: a configured one must exist; the default one is made 0700."""
+    if configured is None:
+        path = default_lock_dir()
+        try:
+            path.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise _fail(f"cannot create the lock directory {path} ({exc.strerror}); set lock_dir") from None
+        if not _private_dir(path):
+            raise _fail(
+                f"lock directory {path} is not a directory owned by uid {os.geteuid()} and closed to "
+                f"others (someone else may have made it); remove it or set lock_dir"
+            )
+        return path
+    if not configured.exists():
+        raise _fail(f"lock_dir {configured} does not exist; create it or set lock_dir to an existing directory")
+    if not configured.is_dir():
+        raise _fail(f"lock_dir {configured} is not a directory")
+    return configured
+
+
+def lock_key(host: str, ports: tuple[int, int, int]) -> str:
+    """The master's resolved IPv4 address (what ZMQ connects to) and ports, however it is spelled."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        try:
+            address = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+        except (OSError, IndexError):
+            address = host
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in address)
+    return f"flexkv-remote-{safe}-{'-'.join(map(str, ports))}.lock"
 
 
 class InstanceLock:
-    """Exclusive lock for (master host, ports); released when the process exits."""
+    """Exclusive lock for (resolved master address, ports); released when the process exits."""
 
     def __init__(self, lock_dir: Path, host: str, ports: tuple[int, int, int]) -> None:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)
-        self.path = lock_dir / f"flexkv-remote-{safe}-{'-'.join(map(str, ports))}.lock"
-        self._file: IO[str] | None = None
+        self.path = lock_dir / lock_key(host, ports)
+        self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")  # noqa: SIM115 (held for the life of the process)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            why = "is a symlink (refusing to follow it)" if os.path.islink(self.path) else f"({exc.strerror})"
+            raise _fail(f"cannot open lock file {self.path} {why}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise _fail(f"lock file {self.path} is {kind} owned by uid {st.st_uid}; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             raise RemoteExit(
                 ExitCode.ALREADY_RUNNING,
                 f"another start_remote (pid {holder}) already serves this master (lock {self.path}); "
                 f"exactly one remote may connect to a master",
             ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._file = f
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
 
     def release(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _is_flexkv_spawn(argv: list[str]) -> bool:
+    """``python -c <script>`` whose script builds and starts FlexKV's ``TransferManagerOnRemote``."""
+    if len(argv) < 3 or not Path(argv[0]).name.startswith("python") or argv[1] != "-c":
+        return False
+    script = argv[2]
+    return "TransferManagerOnRemote" in script and ".start()" in script and "pickle.load" in script
 
 
 def flexkv_spawned_remotes() -> list[int]:
-    """Pids of remotes FlexKV's connectors spawned on this machine (``python -c`` with its script)."""
+    """Pids of remotes FlexKV's connectors spawned on this machine (``create_process``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if " -c " in cmdline and _FLEXKV_SPAWN_MARKER in cmdline:
+        if _is_flexkv_spawn(argv):
             found.append(int(entry.name))
     return found

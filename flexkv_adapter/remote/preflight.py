@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class StopRequested(Exception):
-    """A signal arrived while waiting."""
+    """A stop signal arrived before the transfer manager connected to the master."""
 
 
 def validate(s: AdapterSettings) -> None:
@@ -35,6 +35,11 @@ def validate(s: AdapterSettings) -> None:
     kind = classify_host(s.master_host)
     if kind == "unresolved":
         raise RemoteExit(ExitCode.SETTINGS, f"master_host {s.master_host!r} does not resolve")
+    if kind == "unspecified":  # a name resolving to 0.0.0.0 (blocklist /etc/hosts); literals fail at load
+        raise RemoteExit(
+            ExitCode.SETTINGS,
+            f"master_host {s.master_host!r} resolves to a wildcard address (0.0.0.0), not node 0's address",
+        )
     if kind == "loopback" and s.nnodes > 1 and not s.allow_loopback_master:
         raise RemoteExit(
             ExitCode.LOOPBACK_MASTER,
@@ -71,11 +76,11 @@ def load_transfer_manager(spec: str) -> type:
         raise RemoteExit(ExitCode.SETTINGS, f"transfer_manager must be 'module:Class', got {spec!r}")
     try:
         cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, OSError, AttributeError) as exc:
+        importlib.import_module("zmq")  # FlexKV's dependency; the master watch uses it too
+    except Exception as exc:  # an import can raise anything (a CUDA probe, a bad extension build)
         hint = FLEXKV_INSTALL_HINT if module_name.startswith("flexkv") else "check transfer_manager"
-        raise RemoteExit(
-            ExitCode.FLEXKV_MISSING, f"cannot import {spec} ({type(exc).__name__}: {exc}). {hint}"
-        ) from None
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise RemoteExit(ExitCode.FLEXKV_MISSING, f"cannot import {spec} ({why}). {hint}") from None
     if not isinstance(cls, type):
         raise RemoteExit(ExitCode.SETTINGS, f"{spec} is not a class")
     return cls
@@ -101,6 +106,8 @@ def wait_for_master(s: AdapterSettings, should_stop: Callable[[float], bool]) ->
     """
     assert s.master_host is not None
     start, delay = time.monotonic(), 0.1
+    if should_stop(0):
+        raise StopRequested
     while True:
         elapsed = time.monotonic() - start
         failed = unreachable_ports(s.master_host, s.master_ports, timeout=min(1.0, s.connect_timeout_s))

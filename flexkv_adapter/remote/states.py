@@ -1,34 +1,77 @@
-"""The remote's lifecycle states, logged on change and served on the health endpoint / ready file."""
+"""The remote's lifecycle states: logged on change, only ever forward, mirrored by a ready file."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from enum import Enum
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)
 
 
 class State(str, Enum):
     WAITING_FOR_MASTER = "waiting_for_master"
-    HANDSHAKE = "handshake"
-    WAITING_FOR_GPUS = "waiting_for_gpus"
+    HANDSHAKE = "handshake"  # connected; waiting for the master's one config message
+    WAITING_FOR_GPUS = "waiting_for_gpus"  # config received, register port bound, ranks registering
+    STARTING_ENGINE = "starting_engine"  # all ranks registered; CPU cache and workers starting
     READY = "ready"
     SHUTTING_DOWN = "shutting_down"
     FAILED = "failed"
 
 
-class StateTracker:
-    """Thread-safe current state; writes the ready file while READY."""
+_ORDER = {state: rank for rank, state in enumerate(State)}
 
-    def __init__(self, info: dict[str, Any], ready_file: Path | None = None) -> None:
-        self._lock = threading.Lock()
+
+class ReadyFile:
+    """A JSON file present only while ready, replaced atomically through a private temporary file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def check(self) -> None:
+        """Fail at start-up, not at ready: a writable directory, and no directory at the path."""
+        parent = self.path.parent
+        if not parent.is_dir():
+            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} is not writable")
+        if self.path.is_dir() and not self.path.is_symlink():
+            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file {self.path} is a directory")
+
+    def write(self, snapshot: dict[str, Any]) -> None:
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            try:
+                os.fchmod(fd, 0o644)  # as readable as a plain file; mkstemp makes it 0600
+                with os.fdopen(fd, "w") as f:
+                    json.dump(snapshot, f)
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as exc:
+            logger.error("cannot write ready_file %s: %s", self.path, exc)
+
+    def remove(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.error("cannot remove ready_file %s: %s", self.path, exc)
+
+
+class StateTracker:
+    """Thread-safe current state; refuses to move backwards; writes the ready file while READY."""
+
+    def __init__(self, info: dict[str, Any], ready_file: ReadyFile | None = None) -> None:
+        self._lock = threading.RLock()  # the SIGUSR1 handler reads it on the main thread
         self._state = State.WAITING_FOR_MASTER
         self._since = time.time()
         self._detail = ""
@@ -40,19 +83,21 @@ class StateTracker:
     def state(self) -> State:
         return self._state
 
-    def set(self, state: State, detail: str = "") -> None:
+    def set(self, state: State, detail: str = "") -> bool:
+        """Move to ``state`` if it is later than the current one; True if it moved."""
         with self._lock:
-            if state == self._state and detail == self._detail:
-                return
+            if _ORDER[state] <= _ORDER[self._state]:
+                if state is not self._state:
+                    logger.debug("ignored %s after %s", state.value, self._state.value)
+                return False
             self._state, self._since, self._detail = state, time.time(), detail
         logger.info("state: %s%s", state.value, f" ({detail})" if detail else "")
         if self._ready_file is not None:
             if state is State.READY:
-                tmp = self._ready_file.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.snapshot()))
-                os.replace(tmp, self._ready_file)
+                self._ready_file.write(self.snapshot())
             else:
-                self._ready_file.unlink(missing_ok=True)
+                self._ready_file.remove()
+        return True
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -63,34 +108,3 @@ class StateTracker:
                 "pid": os.getpid(),
                 **self._info,
             }
-
-
-class HealthServer:
-    """``GET /`` (any path) -> JSON snapshot; 200 only when READY, else 503."""
-
-    def __init__(self, tracker: StateTracker, host: str, port: int) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                snap = tracker.snapshot()
-                body = json.dumps(snap).encode()
-                self.send_response(200 if snap["state"] == State.READY.value else 503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                logger.debug("health: " + format, *args)
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.address = self._server.server_address
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        logger.info("health endpoint on http://%s:%d/", *self.address[:2])
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

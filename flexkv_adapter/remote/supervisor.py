@@ -1,10 +1,12 @@
-"""Run the transfer manager in-process, with deadlines, signals, a watchdog, and no orphans.
+"""Run the transfer manager in-process, with phase deadlines, signals, a watchdog, and no orphans.
 
 FlexKV's ``TransferManagerOnRemote(master_host, master_ports)`` blocks in its constructor until the
-master sends its config, and ``start()`` waits for every local GPU rank to register; neither wait
-has a timeout. The manager therefore runs in a daemon thread while the main thread watches the
-phase it is in, enforces a deadline on each, handles signals, and after ``ready`` probes the
-master so that a dead master ends the remote (FlexKV has no heartbeat).
+master's one config message arrives; ``start()`` waits for every local GPU rank to register, then
+allocates the CPU cache and spawns workers. None of these waits has a timeout. The manager runs in
+a daemon thread while the main thread reads its phase from the manager's attributes, enforces a
+deadline per phase, handles signals, and after ``ready`` watches the master (FlexKV has no
+heartbeat and never re-handshakes). Shutdown never calls the manager's ``shutdown()``
+(see ``teardown``).
 """
 
 from __future__ import annotations
@@ -13,45 +15,52 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
-from .preflight import unreachable_ports
+from .preflight import StopRequested
 from .states import State, StateTracker
+from .teardown import stop_manager
+from .watch import MasterWatch
 
 logger = logging.getLogger(__name__)
 _TICK = 0.05
 
 
 class Signals:
-    """Counts SIGTERM/SIGINT; the first asks for a clean shutdown, the second forces exit."""
+    """SIGTERM/SIGINT/SIGHUP ask for a clean shutdown, a second one forces exit; SIGUSR1/2 log the state."""
+
+    STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    STATUS = (signal.SIGUSR1, signal.SIGUSR2)
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.count = 0
+        self.describe: Callable[[], object] | None = None
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in self.STOP:
             signal.signal(sig, self._handle)
+        for sig in self.STATUS:
+            signal.signal(sig, self._status)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.count += 1
         logger.info("received %s (%d)", signal.Signals(signum).name, self.count)
         self.event.set()
 
+    def _status(self, signum: int, frame: Any) -> None:
+        logger.info("received %s: %s", signal.Signals(signum).name, self.describe() if self.describe else "starting")
+
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True if a signal has arrived."""
+        """Sleep up to ``seconds``; True if a stop signal has arrived."""
         return self.event.wait(seconds)
 
 
-def _is_ready(tm: Any) -> bool:
-    check = getattr(tm, "is_ready", None)
-    return bool(check()) if callable(check) else bool(getattr(tm, "_is_ready", False))
-
-
 class Supervisor:
-    """Drives one transfer manager through handshake, GPU registration, ready and shutdown."""
+    """Drives one transfer manager through handshake, GPU registration, engine start, ready, shutdown."""
 
     def __init__(self, settings: AdapterSettings, tm_class: type, tracker: StateTracker, signals: Signals) -> None:
         self.s = settings
@@ -59,93 +68,128 @@ class Supervisor:
         self.tracker = tracker
         self.signals = signals
         self.tm: Any = None
+        self.started = False  # start() returned
         self.error: BaseException | None = None
+        self._entered = time.monotonic()
+        self._watch: MasterWatch | None = None
 
     def _body(self) -> None:
         try:
             ports = tuple(str(p) for p in self.s.master_ports)  # FlexKV's ModelConfig keeps them as strings
             self.tm = self.tm_class(master_host=self.s.master_host, master_ports=ports)
-            self.tracker.set(State.WAITING_FOR_GPUS, "config received; waiting for local GPU ranks to register")
             self.tm.start()
+            self.started = True
         except BaseException as exc:  # reported by the main thread
             self.error = exc
 
+    def _move(self, state: State, detail: str) -> None:
+        if self.tracker.set(state, detail):
+            self._entered = time.monotonic()
+
+    def _registered(self) -> str:
+        return f"{len(getattr(self.tm, 'all_gpu_blocks', ()))}/{getattr(self.tm, 'expected_gpus', '?')}"
+
+    def _observe(self) -> None:
+        """Read the manager's phase: constructed, all GPUs registered, start() returned."""
+        if self.tm is None:
+            return
+        self._move(State.WAITING_FOR_GPUS, f"config received; {self.register_port()} bound; waiting for GPU ranks")
+        expected = getattr(self.tm, "expected_gpus", None)
+        if isinstance(expected, int) and len(getattr(self.tm, "all_gpu_blocks", ())) >= expected:
+            self._move(
+                State.STARTING_ENGINE, f"{self._registered()} GPU ranks registered; starting the transfer engine"
+            )
+        if self.started and getattr(self.tm, "_is_ready", True):
+            self._move(State.READY, "transfer engine started")
+
+    def register_port(self) -> str:
+        """The register port FlexKV bound: the one in the master's config, not the local setting."""
+        return str(getattr(self.tm, "gpu_register_port", None) or f"{self.s.server_recv_port}_gpu_register")
+
     def run(self) -> ExitCode:
-        self.tracker.set(State.HANDSHAKE, f"waiting for the config from {self.s.master_host}")
+        if self.signals.event.is_set():  # never connect after a stop signal: the config is sent once
+            raise StopRequested
+        self._move(State.HANDSHAKE, f"waiting for the config from {self.s.master_host}:{self.s.master_ports[0]}")
         threading.Thread(target=self._body, name="transfer-manager", daemon=True).start()
-        seen, phase_start = State.HANDSHAKE, time.monotonic()
-        last_seen = next_probe = 0.0
         while True:
             if self.signals.wait(_TICK):
-                return self.shutdown("signal", signals_seen=1)
-            now, state = time.monotonic(), self.tracker.state
-            if state is not seen:
-                seen, phase_start = state, now
+                return self.shutdown("signal")
+            self._observe()
             if self.error is not None:
-                raise RemoteExit(ExitCode.CRASHED, f"transfer manager failed in {state.value}: {self.error!r}")
-            if state is State.HANDSHAKE and now - phase_start > self.s.handshake_timeout_s:
-                raise RemoteExit(
-                    ExitCode.HANDSHAKE_TIMEOUT,
-                    f"timed out in handshake: no config from master {self.s.master_host}:"
-                    f"{self.s.master_ports[0]} within {self.s.handshake_timeout_s:g}s; is node 0's "
-                    f"FlexKV configured for this many nodes, and is only one remote connected?",
+                self._give_up(
+                    ExitCode.CRASHED, f"transfer manager failed in {self.tracker.state.value}: {self.error!r}"
                 )
-            if state is State.WAITING_FOR_GPUS:
-                if _is_ready(self.tm):
-                    self.tracker.set(State.READY, "transfer engine initialised")
-                    last_seen = next_probe = now
-                elif now - phase_start > self.s.gpu_timeout_s:
-                    self._give_up(
-                        "gpu registration timeout",
-                        ExitCode.GPU_TIMEOUT,
-                        f"timed out in waiting_for_gpus: local GPU ranks did not register with "
-                        f"{self.s.server_recv_port}_gpu_register within {self.s.gpu_timeout_s:g}s; "
-                        f"check that every rank on this node started and that FLEXKV_SERVER_RECV_PORT "
-                        f"matches node 0",
-                    )
-            if state is State.READY and now >= next_probe:
-                next_probe = now + self.s.probe_interval_s
-                assert self.s.master_host is not None
-                failed = unreachable_ports(self.s.master_host, self.s.master_ports[:1], timeout=1.0)
-                if not failed:
-                    last_seen = now
-                elif now - last_seen > self.s.master_lost_s:
-                    self._give_up(
-                        "master lost",
-                        ExitCode.MASTER_LOST,
-                        f"master {self.s.master_host} unreachable for {now - last_seen:.1f}s "
-                        f"(> master_lost_s={self.s.master_lost_s:g}); exiting so the supervisor "
-                        f"restarts the remote",
-                    )
-                else:
-                    logger.warning("master %s unreachable (%s)", self.s.master_host, next(iter(failed.values())))
+            self._check_deadline(self.tracker.state, time.monotonic() - self._entered)
+            if self.tracker.state is State.READY:
+                self._check_master()
 
-    def _give_up(self, reason: str, code: ExitCode, message: str) -> NoReturn:
-        """Shut the running manager down (within grace_s), then end with ``code``."""
-        self.shutdown(reason, code)
+    def _check_deadline(self, state: State, elapsed: float) -> None:
+        s = self.s
+        if state is State.HANDSHAKE and elapsed > s.handshake_timeout_s:
+            self._give_up(
+                ExitCode.HANDSHAKE_TIMEOUT,
+                f"timed out in handshake: no config from master {s.master_host}:{s.master_ports[0]} within "
+                f"{s.handshake_timeout_s:g}s. FlexKV's master sends its config once, when node 0's engine "
+                f"starts: if an earlier remote already received it, or node 0 is not running multi-node "
+                f"FlexKV for this many nodes, restart node 0's engine (then this remote)",
+            )
+        if state is State.WAITING_FOR_GPUS and elapsed > s.gpu_timeout_s:
+            self._give_up(
+                ExitCode.GPU_TIMEOUT,
+                f"timed out in waiting_for_gpus: {self._registered()} local GPU ranks registered with "
+                f"{self.register_port()} (bound from the master's config) within {s.gpu_timeout_s:g}s; check "
+                f"that every rank on this node started and registers there (local setting: "
+                f"{s.server_recv_port}_gpu_register; FLEXKV_SERVER_RECV_PORT must match node 0)",
+            )
+        if state is State.STARTING_ENGINE and elapsed > s.engine_timeout_s:
+            self._give_up(
+                ExitCode.ENGINE_TIMEOUT,
+                f"timed out in starting_engine: the transfer engine (CPU cache allocation and pinning, "
+                f"worker processes) did not start within engine_timeout_s={s.engine_timeout_s:g}s",
+            )
+
+    def _check_master(self) -> None:
+        if self._watch is None:
+            assert self.s.master_host is not None
+            self._watch = MasterWatch(
+                self.s.master_host, self.s.master_ports[1], self.s.probe_interval_s, self.s.master_lost_s
+            )
+        why = self._watch.lost()
+        if why:
+            self._give_up(
+                ExitCode.MASTER_LOST,
+                f"lost master {self.s.master_host}: {why}. FlexKV never re-handshakes, so this remote cannot "
+                f"serve a restarted master; exiting so it restarts once node 0's engine is up again",
+            )
+
+    def _give_up(self, code: ExitCode, message: str) -> NoReturn:
+        """Stop the manager (within grace_s), then end with ``code``."""
+        self.shutdown(code.name.lower().replace("_", " "))
         raise RemoteExit(code, message)
 
-    def shutdown(self, reason: str, exit_code: ExitCode = ExitCode.OK, signals_seen: int | None = None) -> ExitCode:
-        """Shut the manager down within ``grace_s``; another signal or the deadline forces exit.
-
-        ``signals_seen`` is how many signals this shutdown already answers (1 when a signal
-        started it), so a second one arriving at any time after it forces exit.
-        """
-        signals_before = self.signals.count if signals_seen is None else signals_seen
+    def shutdown(self, reason: str) -> ExitCode:
+        """Stop the manager and its children by ``grace_s``; another signal forces exit at once."""
+        signals_before = self.signals.count
         self.tracker.set(State.SHUTTING_DOWN, reason)
-        stop = getattr(self.tm, "shutdown", None)
-        if not callable(stop):
-            return exit_code
-        worker = threading.Thread(target=stop, name="shutdown", daemon=True)
-        worker.start()
-        deadline = time.monotonic() + self.s.grace_s
-        while worker.is_alive():
+        margin = min(1.0, self.s.grace_s / 10)  # for the steps after this one
+        deadline = time.monotonic() + self.s.grace_s - margin
+        result: list[bool] = []
+        stopper = threading.Thread(
+            target=lambda: result.append(stop_manager(self.tm, self.started, deadline, self.s.reap_grace_s)),
+            name="shutdown",
+            daemon=True,
+        )
+        stopper.start()
+        while stopper.is_alive():
             if self.signals.count > signals_before:
                 logger.warning("another signal during shutdown: forcing exit")
                 return ExitCode.FORCED
-            if time.monotonic() > deadline:
-                logger.warning("transfer manager did not shut down within grace_s=%gs: forcing exit", self.s.grace_s)
+            if time.monotonic() > deadline + margin / 2:
+                logger.warning("shutdown did not finish within grace_s=%gs: forcing exit", self.s.grace_s)
                 return ExitCode.FORCED
-            worker.join(_TICK)
-        logger.info("transfer manager shut down")
-        return exit_code
+            stopper.join(_TICK)
+        if not (result and result[0]):
+            logger.warning("child processes had to be killed to end within grace_s=%gs", self.s.grace_s)
+            return ExitCode.FORCED
+        logger.info("transfer manager stopped")
+        return ExitCode.OK

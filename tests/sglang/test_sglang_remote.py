@@ -28,7 +28,8 @@ def test_remote_engine_leaves_flexkv_spawn_alone(sglang_env, models):
 @pytest.fixture
 def start_remote_standin():
     """start_remote's own state tracker and health endpoint, without a FlexKV remote behind them."""
-    from flexkv_adapter.remote.states import HealthServer, State, StateTracker
+    from flexkv_adapter.remote.health import HealthServer
+    from flexkv_adapter.remote.states import State, StateTracker
 
     tracker = StateTracker({"master": "10.0.0.1:5556", "node_rank": 1})
     server = HealthServer(tracker, "127.0.0.1", 0)
