@@ -85,6 +85,11 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
         )
     if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
+        if unused := sorted(set(given) - {"kind"}):
+            raise AdapterError(
+                f"{unused} do not apply to a vLLM 0.33 dict, whose geometry comes from the views' strides; "
+                f"drop them (only page_size= and kind= apply), or pass axes= to read the tensors another way"
+            )
         return adapt_vllm(pool, page_size, given.get("kind"))  # type: ignore[arg-type]
     # Explicit attrs (an option or a spec's) name the tensors: read them as named, never unwrapped.
     structure = None if given.get("attrs") else hybrid.detect(pool)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexkv_adapter import AmbiguousLayoutError, MLAView, NotAddressableError, adapt
+from flexkv_adapter import AdapterError, AmbiguousLayoutError, MLAView, NotAddressableError, adapt
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
@@ -107,3 +107,12 @@ def test_adapt_gives_an_aliasing_mla_view_for_layer_outermost_mla_and_refuses_th
         adapt(views("BLNHC", 3, 4, 1, 2, 8), page_size=2, kind="mla")
     with pytest.raises(NotAddressableError, match=r"\[K \| V\]"):
         adapt(views("LBNHC", 3, 4, 2, 2, 8), page_size=2)
+
+
+@pytest.mark.parametrize(
+    "option", [{"layer_ids": [7, 8, 9]}, {"dtype": torch.int16}, {"layer_num": 3}, {"head_dim": 8}]
+)
+def test_adapt_refuses_options_a_vllm_dict_would_not_apply(option):
+    # Its geometry comes from strides: an option that is silently not applied would mislabel the view.
+    with pytest.raises(AdapterError, match=r"do not apply to a vLLM 0.33 dict"):
+        adapt(views("LHBNC", 3, 4, 1, 2, 8), page_size=4, kind="mla", **option)
