@@ -105,8 +105,11 @@ def _strides(layout: tuple[int, ...], extents: tuple[int, ...]) -> dict[int, int
 
 def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     """Recover the layout from strides and storage offsets (never from shape alone)."""
-    indexer = tuple(n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX))
-    main = {str(n): t for n, t in kv_caches.items() if n not in indexer}
+    odd = [n for n in kv_caches if not isinstance(n, str)]
+    if odd:  # str(n) would merge 1 and "1" into one layer and lose the other
+        raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
+    indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
+    main = {n: t for n, t in kv_caches.items() if n not in indexer}
     first_name, first = next(iter(main.items()))
     for name, t in main.items():
         if (t.shape, t.stride(), t.dtype, t.device) != (first.shape, first.stride(), first.dtype, first.device):
@@ -193,6 +196,13 @@ def vllm_form(
     """
     g = read_geometry(kv_caches)
     where = f"vLLM KV cache ({g.layouts[0] if len(g.layouts) == 1 else '/'.join(g.layouts)})"
+    if g.indexer:
+        raise NotAddressableError(
+            f"{where}: the dict holds DeepSeek-V3.2 indexer caches ({', '.join(g.indexer[:2])}), which this "
+            f"registration does not carry: a prefix restored from FlexKV would lack their keys. Register the dict "
+            f"through the flexkv_adapter vLLM plugin (FlexKV's own registration carries them), or leave them out "
+            f"of the dict only if they are offloaded some other way"
+        )
     kind = resolve_kind(kind, g.heads, tp_size, where)
     fix = _MHA_FIX if g.heads > 1 else _ONE_HEAD_FIX
     if content is not None and content != g.content:

@@ -12,7 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexkv_adapter import AmbiguousLayoutError, MLAView, NotAddressableError, adapt
+from flexkv_adapter import (
+    AmbiguousLayoutError,
+    InconsistentLayersError,
+    MLAView,
+    NotAddressableError,
+    adapt,
+)
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
@@ -107,3 +113,25 @@ def test_adapt_gives_an_aliasing_mla_view_for_layer_outermost_mla_and_refuses_th
         adapt(views("BLNHC", 3, 4, 1, 2, 8), page_size=2, kind="mla")
     with pytest.raises(NotAddressableError, match=r"\[K \| V\]"):
         adapt(views("LBNHC", 3, 4, 2, 2, 8), page_size=2)
+
+
+# --- hostile inputs (review): each once crashed raw or dropped data silently ---------------------
+
+
+def test_keys_that_are_not_layer_names_are_refused_not_merged_or_crashed():
+    kv = list(views("LBNHC", 2, 3, 2, 4, 8).values())
+    for bad in ({1: kv[0], "1": kv[1]}, {0: kv[0], 1: kv[1]}, {(0,): kv[0], (1,): kv[1]}):
+        with pytest.raises(InconsistentLayersError, match="layer names"):
+            plan(bad, page_size=4, kind="mha")
+    mla = list(views("LBNHC", 2, 3, 1, 4, 8).values())
+    with pytest.raises(InconsistentLayersError, match="layer names"):
+        adapt({0: mla[0], 1: mla[1]}, page_size=4, kind="mla")
+
+
+def test_indexer_entries_are_not_dropped_silently():
+    kv = views("LBNHC", 2, 3, 1, 4, 8)
+    kv["model.layers.0.attn.k_cache"] = torch.zeros(3, 4, 16, dtype=torch.uint8)
+    with pytest.raises(NotAddressableError, match=r"k_cache.*plugin"):
+        plan(kv, page_size=4, kind="mla")
+    with pytest.raises(NotAddressableError, match=r"k_cache.*plugin"):
+        adapt(kv, page_size=4, kind="mla")
