@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .errors import AmbiguousLayoutError, InconsistentLayersError, NotAddressableError, describe
+from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, NotAddressableError, describe
 from .layout import ViewKind
 from .recognize import layer_index_from_name
 from .report import Report
@@ -111,6 +111,8 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
     first_name, first = next(iter(main.items()))
+    if 0 in first.shape:
+        raise NotAddressableError(f"vLLM KV caches: {first_name} ({describe(first)}) is empty; nothing to register")
     for name, t in main.items():
         if (t.shape, t.stride(), t.dtype, t.device) != (first.shape, first.stride(), first.dtype, first.device):
             raise InconsistentLayersError(
@@ -165,6 +167,8 @@ class VLLMForm:
 
 def resolve_kind(kind: ViewKind | None, heads: int, tp_size: int | None, where: str) -> ViewKind:
     """MHA or MLA; one head per rank reads like MLA, which matters unless tp_size is known to be 1."""
+    if kind not in (None, "mha", "mla"):
+        raise AdapterError(f"{where}: kind must be 'mha' or 'mla', got {kind!r}")
     if kind == "mla" and heads != 1:
         raise InconsistentLayersError(f"{where}: kind='mla' but the views have {heads} heads (MLA has one)")
     if kind is not None:
@@ -196,6 +200,8 @@ def vllm_form(
     """
     g = read_geometry(kv_caches)
     where = f"vLLM KV cache ({g.layouts[0] if len(g.layouts) == 1 else '/'.join(g.layouts)})"
+    if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1):
+        raise AdapterError(f"{where}: page_size (vLLM's block_size) must be a positive integer, got {block_size!r}")
     if g.indexer:
         raise NotAddressableError(
             f"{where}: the dict holds DeepSeek-V3.2 indexer caches ({', '.join(g.indexer[:2])}), which this "

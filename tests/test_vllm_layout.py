@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexkv_adapter import (
+    AdapterError,
     AmbiguousLayoutError,
     InconsistentLayersError,
     MLAView,
@@ -135,3 +136,30 @@ def test_indexer_entries_are_not_dropped_silently():
         plan(kv, page_size=4, kind="mla")
     with pytest.raises(NotAddressableError, match=r"k_cache.*plugin"):
         adapt(kv, page_size=4, kind="mla")
+
+
+@pytest.mark.parametrize("axis", range(4))
+def test_empty_caches_are_refused(axis):
+    extents = [2, 3, 2, 4, 8]
+    extents[[1, 2, 3, 4][axis]] = 0
+    kv = views("LBNHC", *extents)
+    with pytest.raises(NotAddressableError, match="empty"):
+        plan(kv, page_size=4, kind="mha")
+    with pytest.raises(NotAddressableError, match="empty"):
+        plan({f"l.{i}": torch.empty(0, 2, 4, 8) for i in range(2)}, page_size=4, kind="mha")
+
+
+@pytest.mark.parametrize("page_size", ["4", 4.0, 0, -4, True])
+def test_a_page_size_that_is_not_a_positive_int_is_an_adapter_error(page_size):
+    for kind in ("mha", "mla"):
+        kv = views("LBNHC", 2, 4, 2 if kind == "mha" else 1, 2, 8)
+        with pytest.raises(AdapterError, match="page_size"):
+            plan(kv, page_size=page_size, kind=kind)
+    with pytest.raises(AdapterError, match="page_size"):
+        adapt(views("LBNHC", 2, 4, 1, 2, 8), page_size=page_size, kind="mla")
+
+
+@pytest.mark.parametrize("kind", ["MHA", "bogus", 3])
+def test_an_unknown_kind_is_refused(kind):
+    with pytest.raises(AdapterError, match="kind"):
+        plan(views("LBNHC", 2, 3, 2, 4, 8), page_size=4, kind=kind)
