@@ -151,6 +151,13 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
             f"FlexKV layouts have no block padding, so FlexKV cannot address them. Use an unquantized, unpadded "
             f"KV cache (kv_cache_dtype auto) with FlexKVConnectorV1"
         )
+    tokens_per_state = getattr(spec, "tokens_per_state", 1)
+    if tokens_per_state != 1:  # a page holds block_size / tokens_per_state states: not kernel blocks to regroup
+        raise NotAddressableError(
+            f"flexkv_adapter: the KV cache spec {type(spec).__name__} stores one state per {tokens_per_state} "
+            f"tokens (tokens_per_state); FlexKV addresses one row per token, so its block ids would read other "
+            f"blocks' states. Compressed or pooled KV caches cannot be offloaded with FlexKVConnectorV1"
+        )
     kind: ViewKind = "mla" if any(c.__name__ == "MLAAttentionSpec" for c in type(spec).__mro__) else "mha"
     head_size_v = getattr(spec, "head_size_v", None)
     content = int(spec.head_size) + (int(head_size_v) if head_size_v is not None else int(spec.head_size))
