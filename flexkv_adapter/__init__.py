@@ -12,6 +12,8 @@ without importing torch.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -92,6 +94,18 @@ __all__ = [
     "unregister_attribute_names",
 ]
 __version__ = "0.1.0"
+
+
+class _Package(types.ModuleType):
+    """Importing the submodule ``adapt`` sets the package attribute ``adapt`` to it; keep the function there."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name == value.__name__.rpartition(".")[2]:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
