@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..copy_rules import shard_problem
 from ..errors import AdapterError, InconsistentLayersError
+from ..flexkv.checks import shared_kv_mode
 from ..hybrid import detect, pool_kind, scale_groups
 from ..layout import ViewKind
 from ..views import PoolView
@@ -196,11 +198,13 @@ def check_view(view: PoolView, facts: ConnectorFacts, page_size: int) -> None:
             f"{pool} holds rows of {dims.pop()} elements per head but FlexKV sizes its blocks for head_size="
             f"{facts.head_size} from the model config; the pool does not match this model"
         )
-    if facts.kind != "mha":
+    first = view.tensors()[0]
+    heads, tp, total = int(first.shape[1]), facts.attn_tp_size, facts.total_kv_heads
+    if facts.kind == "mla" or (heads == 1 and total == 1):  # shared KV (MQA: the model's one head on every rank)
+        chunk = page_size * heads * int(first.shape[2]) * first.element_size()
+        if shared_kv_mode() == "sharded" and (problem := shard_problem(chunk, tp)):
+            raise InconsistentLayersError(f"{pool} at attention TP size {tp}: {problem}")
         return
-    heads, tp, total = int(view.tensors()[0].shape[1]), facts.attn_tp_size, facts.total_kv_heads
-    if heads == 1 and total == 1:
-        return  # MQA: every rank holds the same single head, which FlexKV reads correctly
     if total is not None and heads * tp != total:
         raise InconsistentLayersError(
             f"{pool} holds {heads} KV heads per rank at attention TP size {tp}, but the model has {total} KV heads "

@@ -1,0 +1,60 @@
+"""The SGLang plugin's checks on a view it hands to FlexKV's own connector (no SGLang needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flexkv_adapter import InconsistentLayersError, adapt
+from flexkv_adapter.integrations.sglang_checks import ConnectorFacts, check_view
+
+from .helpers import SGLangLikeMHAPool, SGLangLikeMLAPool, flexkv_tp_roundtrip
+
+
+def _facts(kind: str, tp: int, total: int, head_size: int) -> ConnectorFacts:
+    return ConnectorFacts(kind, "test", 2, "layers 0..1", total, head_size, tp, kv_heads_is_shared_switch=True)
+
+
+def _connector_layout(view, page: int) -> dict:
+    """What FlexKV's SGLang connector registers: per-rank heads in num_kv_heads (1 = shared)."""
+    t = view.tensors()[0]
+    kv_dim = 1 if view.kind == "mla" else 2
+    fields = dict(type="LAYERFIRST", num_layer=2, num_block=t.shape[0] // page, tokens_per_block=page)
+    return dict(fields, num_head=t.shape[1], head_size=t.shape[2], kv_dim=kv_dim, num_kv_heads=t.shape[1])
+
+
+@pytest.mark.parametrize(
+    ("kind", "dim", "tp", "ok"),
+    [
+        ("mla", 576, 16, False),
+        ("mla", 576, 8, True),
+        ("mha", 72, 4, False),
+        ("mha", 72, 8, False),
+        ("mha", 64, 8, True),
+    ],
+)
+def test_shared_kv_whose_shards_would_be_truncated_is_refused(kind, dim, tp, ok, monkeypatch):
+    """Shared KV (MLA, or MQA: one head in the model) at attention TP > 1: FlexKV's default sharded D2H has
+    each rank copy chunk/tp bytes in 8-byte words; fp8 MLA rows of 576 B at page 1 and TP 16 lose 4 of every
+    36 bytes. The plugin hands the view to FlexKV's own connector, so it must refuse that itself."""
+    monkeypatch.delenv("FLEXKV_KV_SHARED_ACROSS_RANKS_MODE", raising=False)
+    if kind == "mla":
+        pools = [SGLangLikeMLAPool(4, 1, torch.uint8, dim - 64, 64, 2) for _ in range(tp)]
+    else:
+        pools = [SGLangLikeMHAPool(4, 1, torch.uint8, 1, dim, 2) for _ in range(tp)]
+    views = [adapt(p, page_size=1, kind=kind) for p in pools]
+    ranks = [(_connector_layout(v, 1), v.tensors()) for v in views]
+    restored = flexkv_tp_roundtrip(ranks, 1)
+    tensors = views[0].tensors()  # page 1: block b is row b
+    lossless = all(
+        got == bytes(tensors[kv * 2 + layer][block].flatten().tolist())
+        for (layer, kv, block), got in restored[0].items()
+    )
+    assert lossless == ok  # FlexKV's reference model: what the connector would register loses bytes
+    if ok:
+        check_view(views[0], _facts(kind, tp, 1, dim), 1)
+    else:
+        with pytest.raises(InconsistentLayersError, match="truncated"):
+            check_view(views[0], _facts(kind, tp, 1, dim), 1)
+    monkeypatch.setenv("FLEXKV_KV_SHARED_ACROSS_RANKS_MODE", "rank0_only")
+    check_view(views[0], _facts(kind, tp, 1, dim), 1)
