@@ -71,9 +71,15 @@ def _patch_connector(cls: Any) -> None:
         facts = spec_facts(self._kv_cache_config)
         tp_size = int(self._vllm_config.parallel_config.tensor_parallel_size)
         p, indexer = _plan(kv_caches, facts, tp_size)  # refuse before FlexKV sees the dict
-        flexkv_block = getattr(
-            getattr(getattr(worker, "flexkv_config", None), "cache_config", None), "tokens_per_block", None
-        )
+        flexkv_config = getattr(worker, "flexkv_config", None)
+        flexkv_block = getattr(getattr(flexkv_config, "cache_config", None), "tokens_per_block", None)
+        flexkv_dtype = getattr(getattr(flexkv_config, "model_config", None), "dtype", None)
+        if isinstance(flexkv_dtype, torch.dtype) and flexkv_dtype.itemsize != p.dtype.itemsize:
+            raise AdapterError(
+                f"flexkv_adapter: FlexKV's model dtype {flexkv_dtype} has itemsize {flexkv_dtype.itemsize} but vLLM's "
+                f"KV cache holds {p.dtype}; FlexKV computes GPU strides with the former and would read the wrong "
+                f"bytes. Set FLEXKV_KV_CACHE_DTYPE (or kv_cache_dtype) to match vLLM's --kv-cache-dtype"
+            )
         if flexkv_block is not None and flexkv_block != p.tokens_per_block:
             raise AdapterError(
                 f"flexkv_adapter: FlexKV counts {flexkv_block}-token blocks (vLLM's cache_config.block_size) but "
