@@ -54,8 +54,7 @@ _ONE_HEAD_FIX = "set VLLM_KV_CACHE_LAYOUT to a layer-outermost layout (LBNHC, LB
 def is_vllm_dict(obj: object) -> bool:
     """A dict of 4-D tensors that all view one backing buffer: vLLM 0.33's ``register_kv_caches`` input.
 
-    Raises AmbiguousLayoutError for 2 on the first axis: older per-layer ``[2, rows, heads, dim]``
-    tensors (K and V) sliced from one buffer look the same.
+    Raises AmbiguousLayoutError where another per-layer reading has the same strides.
     """
     if not isinstance(obj, Mapping) or not obj:
         return False
@@ -64,11 +63,15 @@ def is_vllm_dict(obj: object) -> bool:
         return False
     if len({t.untyped_storage().data_ptr() for t in main}) != 1:
         return False
-    if main[0].shape[0] == 2:
+    shape = tuple(main[0].shape)
+    same_strides = [  # (fits, vLLM reading, other reading, axes that settle it)
+        (shape[0] == 2, "[blocks=2, heads, tokens, C]", "per-layer [K/V=2, rows, heads, dim]", "KV N H D"),
+        (shape[2] == 1 < shape[1], "[blocks, heads, tokens=1, C]", "per-layer pages [P, T, H=1, D]", "P T H D"),
+    ]
+    for vllm, reading, axes in (r[1:] for r in same_strides if r[0]):
         raise AmbiguousLayoutError(
-            f"a dict of {tuple(main[0].shape)} views of one buffer reads as vLLM 0.33 [blocks=2, heads, tokens, "
-            f"C] or as per-layer [K/V=2, rows, heads, dim]. Pass axes='KV N H D' for the latter; register a "
-            f"2-block vLLM 0.33 cache with flexkv_adapter.flexkv.vllm_plan.plan_vllm"
+            f"a dict of {shape} views of one buffer reads as vLLM 0.33 {vllm} or as {reading}. Pass axes='{axes}' "
+            f"for the latter; register such a vLLM 0.33 cache with flexkv_adapter.flexkv.vllm_plan.plan_vllm"
         )
     return True
 
@@ -105,8 +108,7 @@ def _strides(layout: tuple[int, ...], extents: tuple[int, ...]) -> dict[int, int
 
 def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     """Recover the layout from strides and storage offsets (never from shape alone)."""
-    odd = [n for n in kv_caches if not isinstance(n, str)]
-    if odd:  # str(n) would merge 1 and "1" into one layer and lose the other
+    if odd := [n for n in kv_caches if not isinstance(n, str)]:  # str(n) would merge 1 and "1" into one layer
         raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
     main = {n: t for n, t in kv_caches.items() if n not in indexer}

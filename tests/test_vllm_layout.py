@@ -24,7 +24,7 @@ from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
 
-from .helpers import flexkv_worker_read
+from .helpers import distinct, flexkv_worker_read
 
 
 def views(layout: str, layers: int, blocks: int, heads: int, tokens: int, content: int, dtype=torch.bfloat16):
@@ -163,3 +163,21 @@ def test_a_page_size_that_is_not_a_positive_int_is_an_adapter_error(page_size):
 def test_an_unknown_kind_is_refused(kind):
     with pytest.raises(AdapterError, match="kind"):
         plan(views("LBNHC", 2, 3, 2, 4, 8), page_size=4, kind=kind)
+
+
+@pytest.mark.parametrize("page", [None, 4])
+def test_per_layer_paged_tensors_from_one_buffer_are_not_taken_for_one_token_vllm_blocks(page):
+    """[P, T, 1, D] per-layer pages carved from one buffer have exactly the strides of vLLM [B, H=T, N=1, C].
+
+    Read as vLLM with page_size=T, T one-token "kernel blocks" were glued into one block and FlexKV read
+    pages 4..7 for page 1; without page_size it registered T heads of one token. Two readings: refuse.
+    """
+    buf = distinct((2, 8, 4, 1, 8), torch.bfloat16)  # [L, P, T, H, D]
+    kv = {f"model.layers.{i}.attn": buf[i] for i in range(2)}
+    with pytest.raises(AmbiguousLayoutError, match="axes='P T H D'"):
+        plan(kv, page_size=page)
+    p = plan(kv, page_size=4, axes="P T H D", kind="mla")  # the option that settles it
+    want = bytes(buf[0, 1].contiguous().view(torch.uint8).flatten().tolist())
+    assert flexkv_worker_read(p.layout_fields(), list(p.tensors), 0, 0, 1) == want
+    vllm = plan_vllm(views("LBHNC", 2, 8, 4, 1, 8), kind="mha", block_size=1)  # vLLM itself: plan_vllm
+    assert (vllm.num_head, vllm.tokens_per_block) == (4, 1)
