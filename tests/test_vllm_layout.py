@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from flexkv_adapter import (
@@ -181,3 +181,50 @@ def test_per_layer_paged_tensors_from_one_buffer_are_not_taken_for_one_token_vll
     assert flexkv_worker_read(p.layout_fields(), list(p.tensors), 0, 0, 1) == want
     vllm = plan_vllm(views("LBHNC", 2, 8, 4, 1, 8), kind="mha", block_size=1)  # vLLM itself: plan_vllm
     assert (vllm.num_head, vllm.tokens_per_block) == (4, 1)
+
+
+@st.composite
+def strided_dicts(draw):
+    """Per-layer [B, H, N, C] views over one buffer: vLLM's six layouts (mostly clean) and, for one draw in
+    three, any axis order, padding, layer step, base offset, dict order and aliases."""
+    dtype = draw(st.sampled_from([torch.int8, torch.bfloat16, torch.float32, torch.float64]))
+    extents = [draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 3))]  # L, B, H
+    extents += [draw(st.sampled_from([4, 1, 2])), draw(st.sampled_from([16, 8, 4, 2, 1]))]  # N, C
+    bent = draw(st.integers(0, 2)) == 0
+    layouts = st.sampled_from(list(LAYOUTS.values()))
+    order = draw(st.one_of(layouts, st.permutations(range(5))) if bent else layouts)
+    odd = st.sampled_from([0, 0, 0, 1, 2, 8]) if bent else st.just(0)
+    strides, inner = {}, 1
+    for axis in reversed(order):
+        strides[axis] = inner
+        inner *= extents[axis] + draw(odd)  # padding after the axis
+    step = max(0, strides[0] + draw(st.sampled_from([0, -1, 1, 8]) if bent else st.just(0)))  # overlap, gap
+    base = draw(odd) * draw(st.sampled_from([1, 2]))
+    size = base + step * (extents[0] - 1) + sum((extents[a] - 1) * strides[a] for a in range(1, 5)) + 1
+    buf = torch.randint(-128, 127, (size * dtype.itemsize,), dtype=torch.int8).view(dtype)
+    slots = list(range(extents[0]))
+    slots = draw(st.permutations(slots)) if bent else slots
+    shape, stride = tuple(extents[1:]), tuple(strides[a] for a in range(1, 5))
+    kv = {f"model.layers.{i}.attn": buf.as_strided(shape, stride, base + s * step) for i, s in enumerate(slots)}
+    if extents[0] > 1 and draw(st.booleans()):
+        kv[f"model.layers.{extents[0]}.attn"] = kv["model.layers.0.attn"]  # a KV-sharing layer
+    ratio = draw(st.sampled_from([1, 2, 3])) if order[0] == 0 or bent else 1  # kernel blocks: LB* layouts
+    return kv, extents[3] * ratio, draw(st.sampled_from([None, "mha", "mla"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(strided_dicts(), st.sampled_from([1, 1, 2]))
+def test_any_strided_views_are_read_byte_for_byte_or_refused(case, tp):
+    kv, block_size, kind = case
+    try:
+        p = plan_vllm(kv, kind=kind, block_size=block_size, tp_size=tp)
+    except AdapterError as exc:
+        event(type(exc).__name__)
+        return
+    event(f"{p.type.value}, {p.num_layer} layers, {p.num_block} blocks")
+    for layer, view in enumerate(kv.values()):
+        ratio = block_size // view.shape[2]
+        for block in range(p.num_block):
+            part = view[block * ratio : (block + 1) * ratio].permute(0, 2, 1, 3).reshape(-1)
+            want = bytes(torch.empty_like(part).copy_(part).view(torch.uint8).tolist())
+            assert flexkv_worker_read(p.layout_fields(), list(p.tensors), layer, 0, block) == want, (layer, block)
