@@ -228,3 +228,9 @@ def test_any_strided_views_are_read_byte_for_byte_or_refused(case, tp):
             part = view[block * ratio : (block + 1) * ratio].permute(0, 2, 1, 3).reshape(-1)
             want = bytes(torch.empty_like(part).copy_(part).view(torch.uint8).tolist())
             assert flexkv_worker_read(p.layout_fields(), list(p.tensors), layer, 0, block) == want, (layer, block)
+
+
+@pytest.mark.parametrize("option", [{"head_num": 4}, {"layer_ids": [5, 6]}, {"dtype": torch.float32}, {"hed_num": 2}])
+def test_plan_options_a_vllm_dict_cannot_honour_are_refused_not_ignored(option):
+    with pytest.raises(AdapterError, match=next(iter(option))):
+        plan(views("LBNHC", 2, 3, 2, 4, 8), page_size=4, kind="mha", **option)
