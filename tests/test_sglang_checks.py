@@ -58,3 +58,42 @@ def test_shared_kv_whose_shards_would_be_truncated_is_refused(kind, dim, tp, ok,
             check_view(views[0], _facts(kind, tp, 1, dim), 1)
     monkeypatch.setenv("FLEXKV_KV_SHARED_ACROSS_RANKS_MODE", "rank0_only")
     check_view(views[0], _facts(kind, tp, 1, dim), 1)
+
+
+def _connector_facts(kv_cache_dtype: str, model_dtype=torch.bfloat16):
+    from types import SimpleNamespace
+
+    from flexkv_adapter.integrations.sglang_checks import FlexKVApi, connector_facts
+
+    model = SimpleNamespace(num_hidden_layers=2, head_dim=8, dtype=model_dtype, get_total_num_kv_heads=lambda: 2)
+    server = SimpleNamespace(tp_size=1, kv_cache_dtype=kv_cache_dtype)
+    return connector_facts(model, server, 0, FlexKVApi(False, False, False))
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "env", "pool_dtype", "ok"),
+    [
+        ("fp8_e5m2", None, torch.float8_e5m2, False),  # FlexKV maps names it does not know to bfloat16
+        ("fp8_e4m3", None, torch.float8_e4m3fn, True),
+        ("auto", None, torch.bfloat16, True),
+        ("auto", "fp8", torch.bfloat16, False),  # FLEXKV_KV_CACHE_DTYPE outranks the engine's dtype
+        ("fp8_e5m2", "fp8", torch.float8_e5m2, True),
+    ],
+)
+def test_a_flexkv_dtype_of_another_element_size_is_refused(kv_cache_dtype, env, pool_dtype, ok, monkeypatch):
+    """FlexKV computes GPU strides with its ModelConfig.dtype (FlexKVConfig._resolve_dtype): SGLang's
+    --kv-cache-dtype fp8_e5m2 is not in its table and becomes bfloat16, twice the pool's 1-byte elements."""
+    monkeypatch.delenv("FLEXKV_CONFIG_PATH", raising=False)
+    if env is None:
+        monkeypatch.delenv("FLEXKV_KV_CACHE_DTYPE", raising=False)
+    else:
+        monkeypatch.setenv("FLEXKV_KV_CACHE_DTYPE", env)
+    view = adapt(SGLangLikeMHAPool(8, 4, pool_dtype, 2, 8, 2), page_size=4)
+    facts = _connector_facts(kv_cache_dtype)
+    if ok:
+        check_view(view, facts, 4)
+    else:
+        with pytest.raises(InconsistentLayersError, match="FLEXKV_KV_CACHE_DTYPE"):
+            check_view(view, facts, 4)
+    monkeypatch.setenv("FLEXKV_CONFIG_PATH", "/nonexistent/flexkv.yml")  # FlexKV reads the dtype from that file
+    check_view(view, _connector_facts(kv_cache_dtype), 4)
