@@ -112,9 +112,9 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
         raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
-    first_name, first = next(iter(main.items()))
-    if 0 in first.shape:
-        raise NotAddressableError(f"vLLM KV caches: {first_name} ({describe(first)}) is empty; nothing to register")
+    first_name, first = next(iter(main.items()), ("", torch.empty(0)))
+    if 0 in first.shape:  # no entry besides indexer ones, or empty tensors
+        raise NotAddressableError(f"vLLM KV caches: no KV cache in {list(kv_caches)[:3]} ({describe(first)}): empty")
     for name, t in main.items():
         if (t.shape, t.stride(), t.dtype, t.device) != (first.shape, first.stride(), first.dtype, first.device):
             raise InconsistentLayersError(

@@ -234,3 +234,9 @@ def test_any_strided_views_are_read_byte_for_byte_or_refused(case, tp):
 def test_plan_options_a_vllm_dict_cannot_honour_are_refused_not_ignored(option):
     with pytest.raises(AdapterError, match=next(iter(option))):
         plan(views("LBNHC", 2, 3, 2, 4, 8), page_size=4, kind="mha", **option)
+
+
+@pytest.mark.parametrize("kv", [{}, {"model.layers.0.attn.k_cache": torch.zeros(3, 4, 16)}])
+def test_a_dict_without_main_kv_is_refused(kv):
+    with pytest.raises(NotAddressableError, match="no KV cache"):
+        plan_vllm(kv)
