@@ -85,3 +85,15 @@ def test_compressed_states_are_refused_not_regrouped_as_kernel_blocks(ratio):
         spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, head_size_v=0, tokens_per_state=tps)
         with pytest.raises(NotAddressableError, match="tokens_per_state"):
             spec_facts(KVCacheConfig([Group(spec)]))
+
+
+@dataclass
+class MambaSpec:
+    block_size: int = 16
+    page_size_padded: int | None = None
+    tokens_per_state: int = -1
+
+
+def test_a_state_space_spec_is_refused_as_not_attention():
+    with pytest.raises(NotAddressableError, match="not an attention KV cache"):
+        spec_facts(KVCacheConfig([Group(MambaSpec())]))

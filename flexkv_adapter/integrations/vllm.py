@@ -157,6 +157,11 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
             f"FlexKV layouts have no block padding, so FlexKV cannot address them. Use an unquantized, unpadded "
             f"KV cache (kv_cache_dtype auto) with FlexKVConnectorV1"
         )
+    if not all(hasattr(spec, n) for n in ("num_kv_heads", "head_size", "block_size")):
+        raise NotAddressableError(
+            f"flexkv_adapter: the KV cache spec {type(spec).__name__} is not an attention KV cache (state-space or "
+            f"linear-attention state); FlexKV offloads attention KV only"
+        )
     tokens_per_state = getattr(spec, "tokens_per_state", 1)
     if tokens_per_state != 1:  # a page holds block_size / tokens_per_state states: not kernel blocks to regroup
         raise NotAddressableError(
