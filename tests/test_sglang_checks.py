@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexkv_adapter import InconsistentLayersError, adapt
 from flexkv_adapter.integrations.sglang_checks import ConnectorFacts, check_view
@@ -97,3 +99,32 @@ def test_a_flexkv_dtype_of_another_element_size_is_refused(kv_cache_dtype, env, 
             check_view(view, facts, 4)
     monkeypatch.setenv("FLEXKV_CONFIG_PATH", "/nonexistent/flexkv.yml")  # FlexKV reads the dtype from that file
     check_view(view, _connector_facts(kv_cache_dtype), 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["mla", "mha"]),
+    dim=st.sampled_from([8, 24, 40, 72, 136, 576, 656]),
+    page=st.sampled_from([1, 2, 4, 16]),
+    tp=st.sampled_from([2, 3, 4, 8, 16]),
+    dtype=st.sampled_from([torch.uint8, torch.bfloat16]),
+)
+def test_shared_kv_check_view_accepts_restores_every_byte(kind, dim, page, tp, dtype):
+    """MLA, or MQA (one KV head in the model), through FlexKV's sharded D2H at any TP: accepted means lossless."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FLEXKV_KV_SHARED_ACROSS_RANKS_MODE", raising=False)
+        if kind == "mla":
+            pools = [SGLangLikeMLAPool(2 * page, page, dtype, dim - 8, 8, 2) for _ in range(tp)]
+        else:
+            pools = [SGLangLikeMHAPool(2 * page, page, dtype, 1, dim, 2) for _ in range(tp)]
+        views = [adapt(p, page_size=page, kind=kind) for p in pools]
+        facts = ConnectorFacts(kind, "", 2, "", 1, dim, tp, True, dtype.itemsize, "")
+        try:
+            check_view(views[0], facts, page)
+        except InconsistentLayersError:
+            return
+    restored = flexkv_tp_roundtrip([(_connector_layout(v, page), v.tensors()) for v in views], 1)
+    tensors = views[0].tensors()
+    for (layer, kv, block), got in restored[0].items():
+        rows = tensors[kv * 2 + layer][block * page : (block + 1) * page]
+        assert got == bytes(rows.contiguous().view(torch.uint8).flatten().tolist()), (layer, kv, block)
