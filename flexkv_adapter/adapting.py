@@ -36,7 +36,8 @@ from .recognize import candidates, declared_axes, locate, mismatch, reading_text
 from .report import Report
 from .spec import load_spec, merge_spec_options
 from .views import MHAView, MLAView, PoolView
-from .vllm_layout import adapt_vllm, is_vllm_dict
+from .vllm_layout import is_vllm_dict
+from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
 

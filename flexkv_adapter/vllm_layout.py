@@ -26,12 +26,16 @@ from typing import Any
 
 import torch
 
-from .containers import layer_index_from_name
-from .errors import AmbiguousLayoutError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError, describe
+from .errors import (
+    AdapterError,
+    AmbiguousLayoutError,
+    InconsistentLayersError,
+    NotAddressableError,
+    UnsupportedPoolError,
+    describe,
+)
 from .layout import ViewKind
 from .probe import storage_problem
-from .report import Report
-from .views import MLAView
 
 #: vLLM 0.33 ``KVCacheLayout`` values: the physical order of the logical axes [L, B, H, N, C].
 LAYOUTS: dict[str, tuple[int, ...]] = {
@@ -49,14 +53,13 @@ _MHA_FIX = (
     "is installed and the variable is unset). If the attention backend rejects LBNHC (FlashInfer on Blackwell "
     "supports only LBHNC and BLHNC), select one that supports it: --attention-backend FLASH_ATTN"
 )
-_ONE_HEAD_FIX = "set VLLM_KV_CACHE_LAYOUT to a layer-outermost layout (LBNHC, LBHNC or LHBNC)"
+ONE_HEAD_FIX = "set VLLM_KV_CACHE_LAYOUT to a layer-outermost layout (LBNHC, LBHNC or LHBNC)"
 
 
 def is_vllm_dict(obj: object) -> bool:
     """A dict of 4-D tensors that all view one backing buffer: vLLM 0.33's ``register_kv_caches`` input.
 
-    Raises AmbiguousLayoutError for 2 on the first axis: older per-layer ``[2, rows, heads, dim]``
-    tensors (K and V) sliced from one buffer look the same.
+    Raises AmbiguousLayoutError where another per-layer reading has the same strides.
     """
     if not isinstance(obj, Mapping):
         return False
@@ -73,11 +76,15 @@ def is_vllm_dict(obj: object) -> bool:
         return False  # meta/fake/sparse tensors: the general path refuses them with the reason
     if len({t.untyped_storage().data_ptr() for t in main}) != 1:
         return False
-    if main[0].shape[0] == 2:
+    shape = tuple(main[0].shape)
+    same_strides = [  # (fits, vLLM reading, other reading, axes that settle it)
+        (shape[0] == 2, "[blocks=2, heads, tokens, C]", "per-layer [K/V=2, rows, heads, dim]", "KV N H D"),
+        (shape[2] == 1 < shape[1], "[blocks, heads, tokens=1, C]", "per-layer pages [P, T, H=1, D]", "P T H D"),
+    ]
+    for vllm, reading, axes in (r[1:] for r in same_strides if r[0]):
         raise AmbiguousLayoutError(
-            f"a dict of {tuple(main[0].shape)} views of one buffer reads as vLLM 0.33 [blocks=2, heads, tokens, "
-            f"C] or as per-layer [K/V=2, rows, heads, dim]. Pass axes='KV N H D' for the latter; register a "
-            f"2-block vLLM 0.33 cache with flexkv_adapter.flexkv.vllm_plan.plan_vllm"
+            f"a dict of {shape} views of one buffer reads as vLLM 0.33 {vllm} or as {reading}. Pass axes='{axes}' "
+            f"for the latter; register such a vLLM 0.33 cache with flexkv_adapter.flexkv.vllm_plan.plan_vllm"
         )
     return True
 
@@ -114,9 +121,13 @@ def _strides(layout: tuple[int, ...], extents: tuple[int, ...]) -> dict[int, int
 
 def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     """Recover the layout from strides and storage offsets (never from shape alone)."""
-    indexer = tuple(n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX))
-    main = {str(n): t for n, t in kv_caches.items() if n not in indexer}
-    first_name, first = next(iter(main.items()))
+    if odd := [n for n in kv_caches if not isinstance(n, str)]:  # str(n) would merge 1 and "1" into one layer
+        raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
+    indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
+    main = {n: t for n, t in kv_caches.items() if n not in indexer}
+    first_name, first = next(iter(main.items()), ("", torch.empty(0)))
+    if 0 in first.shape:  # no entry besides indexer ones, or empty tensors
+        raise NotAddressableError(f"vLLM KV caches: no KV cache in {list(kv_caches)[:3]} ({describe(first)}): empty")
     for name, t in main.items():
         if (t.shape, t.stride(), t.dtype, t.device) != (first.shape, first.stride(), first.dtype, first.device):
             raise InconsistentLayersError(
@@ -171,6 +182,8 @@ class VLLMForm:
 
 def resolve_kind(kind: ViewKind | None, heads: int, tp_size: int | None, where: str) -> ViewKind:
     """MHA or MLA; one head per rank reads like MLA, which matters unless tp_size is known to be 1."""
+    if kind not in (None, "mha", "mla"):
+        raise AdapterError(f"{where}: kind must be 'mha' or 'mla', got {kind!r}")
     if kind == "mla" and heads != 1:
         raise InconsistentLayersError(f"{where}: kind='mla' but the views have {heads} heads (MLA has one)")
     if kind is not None:
@@ -202,8 +215,17 @@ def vllm_form(
     """
     g = read_geometry(kv_caches)
     where = f"vLLM KV cache ({g.layouts[0] if len(g.layouts) == 1 else '/'.join(g.layouts)})"
+    if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1):
+        raise AdapterError(f"{where}: page_size (vLLM's block_size) must be a positive integer, got {block_size!r}")
+    if g.indexer:
+        raise NotAddressableError(
+            f"{where}: the dict holds DeepSeek-V3.2 indexer caches ({', '.join(g.indexer[:2])}), which this "
+            f"registration does not carry: a prefix restored from FlexKV would lack their keys. Register the dict "
+            f"through the flexkv_adapter vLLM plugin (FlexKV's own registration carries them), or leave them out "
+            f"of the dict only if they are offloaded some other way"
+        )
     kind = resolve_kind(kind, g.heads, tp_size, where)
-    fix = _MHA_FIX if g.heads > 1 else _ONE_HEAD_FIX
+    fix = _MHA_FIX if g.heads > 1 else ONE_HEAD_FIX
     if content is not None and content != g.content:
         raise NotAddressableError(
             f"{where}: cells hold {g.content} elements but the spec says {content} ({kind.upper()}); padded "
@@ -230,7 +252,7 @@ def vllm_form(
             raise NotAddressableError(
                 f"{where}: {name} ({describe(view)}): the {ratio} kernel blocks of {g.tokens} tokens that make "
                 f"one {tokens}-token manager block are not adjacent, so FlexKV's block ids would read other "
-                f"layers' bytes. Fix: {_ONE_HEAD_FIX if g.heads == 1 else _MHA_FIX}"
+                f"layers' bytes. Fix: {ONE_HEAD_FIX if g.heads == 1 else _MHA_FIX}"
             ) from None
     fields: dict[str, Any] = dict(
         kind=kind, num_block=g.blocks // ratio, tokens_per_block=tokens, num_head=g.heads, head_size=g.content
@@ -283,59 +305,3 @@ def _block_first(g: VLLMGeometry, chunks: list[torch.Tensor], where: str, fix: s
         note="one BLOCKFIRST tensor over all layers (kv_dim=1, packed [K|V] cells)",
         **fields,
     )  # type: ignore[arg-type]
-
-
-def adapt_vllm(kv_caches: Mapping[str, torch.Tensor], page_size: int | None, kind: ViewKind | None) -> MLAView:
-    """:func:`~flexkv_adapter.adapt` of a vLLM 0.33 dict: MLA rows as an :class:`MLAView`, or a refusal.
-
-    MHA cells are packed ``[K | V]``: no zero-copy ``k_buffer``/``v_buffer`` exists, so MHA goes
-    through :func:`~flexkv_adapter.flexkv.plan` (one packed tensor per layer) instead.
-    """
-    g = read_geometry(kv_caches)
-    where = f"vLLM KV cache ({'/'.join(g.layouts)})"
-    if resolve_kind(kind, g.heads, None, where) == "mha":
-        raise NotAddressableError(
-            f"{where}: vLLM 0.33 MHA cells are packed [K | V] per (block, head, token); adapt() exposes separate "
-            f"k_buffer/v_buffer, which cannot alias them. Register the dict with flexkv_adapter.plan(kv_caches, "
-            f"kind='mha', page_size=<vLLM block_size>, tp_size=<TP>) (one packed tensor per layer, kv_dim=1) or "
-            f"through the flexkv_adapter vLLM plugin"
-        )
-    form = vllm_form(kv_caches, kind="mla", block_size=page_size)
-    if form.type != "LAYERFIRST":
-        raise NotAddressableError(
-            f"{where}: each block interleaves all layers, so there is no per-layer kv_buffer. Register the dict "
-            f"with flexkv_adapter.plan(kv_caches, kind='mla', page_size=...) (one BLOCKFIRST tensor), or "
-            f"{_ONE_HEAD_FIX}"
-        )
-    buffers = [c.view(c.shape[0] * c.shape[1], 1, c.shape[3]) for c in form.chunks]
-    ids = [i for i in (layer_index_from_name(n) for n in g.names) if i is not None]
-    layer_ids = ids if len(set(ids)) == len(g.names) else list(range(len(g.names)))
-    rows, first = buffers[0].shape[0], buffers[0]
-    report = Report(
-        source_kind="vLLM 0.33 kv_caches",
-        recognizer="vllm-0.33",
-        attributes=g.names,
-        reading=f"MLA per-layer [B H N C] ({'/'.join(g.layouts)})",
-        kind="mla",
-        layer_ids=tuple(layer_ids),
-        excluded_layers=(),
-        page_size=form.tokens_per_block,
-        rows=rows,
-        aligned_rows=rows,
-        num_blocks=form.num_block,
-        dtype=str(first.dtype).removeprefix("torch."),
-        device=str(first.device),
-        bytes_aliased=sum(b.numel() * b.element_size() for b in buffers),
-        bytes_copied=0,
-        notes=(form.note,),
-    )
-    return MLAView(
-        buffers,
-        source=kv_caches,
-        layer_ids=layer_ids,
-        page_size=form.tokens_per_block,
-        num_blocks=form.num_block,
-        dtype=first.dtype,
-        device=first.device,
-        report=report,
-    )

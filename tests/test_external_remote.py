@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -175,3 +176,66 @@ def test_the_local_endpoint_is_not_asked_through_a_proxy(health, monkeypatch):
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # a proxy that refuses everything
     monkeypatch.setenv("no_proxy", "")
     assert isinstance(_wait(health_port=port, remote_absent_s=2), ExternalRemote)
+
+
+def _in_thread(fn, limit_s: float):
+    """Run ``fn`` with a wall-clock limit; returns (finished, result or exception)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            out.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    return not worker.is_alive(), out[0] if out else None
+
+
+def test_a_health_port_that_streams_forever_does_not_hang_the_engine():
+    """Another service on health_port (an event stream, a mis-set port) must not block past remote_wait_s."""
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            while not stop.is_set():
+                try:
+                    self.wfile.write(b"data: tick\n" * 100)
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.01)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done, result = _in_thread(
+            lambda: _wait(health_port=server.server_address[1], remote_absent_s=0.5, remote_wait_s=1), 10
+        )
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    assert done, "wait_for_start_remote still reading the stream after 10 s"
+    assert isinstance(result, ExternalRemoteError), result
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
+def test_a_ready_file_that_is_a_fifo_does_not_hang_the_engine(tmp_path):
+    fifo = tmp_path / "remote.ready"
+    os.mkfifo(fifo)
+    try:
+        done, result = _in_thread(lambda: _wait(ready_file=str(fifo), remote_absent_s=0.2, remote_wait_s=0.5), 5)
+    finally:
+        with contextlib.suppress(OSError):  # release a reader blocked in open()
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert done, "wait_for_start_remote blocked opening the FIFO"
+    assert isinstance(result, ExternalRemoteError), result

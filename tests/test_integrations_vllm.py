@@ -36,6 +36,7 @@ class FullAttentionSpec:
     page_size_padded: int | None = None
     state_content_bytes: int | None = None
     num_head_slots: int | None = None
+    tokens_per_state: object = 1
 
 
 class MLAAttentionSpec(FullAttentionSpec):
@@ -69,3 +70,30 @@ def test_padded_or_quantized_pages_are_refused(field):
 def test_several_cache_groups_are_refused():
     with pytest.raises(AdapterError, match="2"):
         spec_facts(KVCacheConfig([Group(FullAttentionSpec()), Group(FullAttentionSpec())]))
+
+
+@pytest.mark.parametrize("ratio", [4, 8])
+def test_compressed_states_are_refused_not_regrouped_as_kernel_blocks(ratio):
+    """tokens_per_state > 1 (DeepSeek-V4, GLM-5-next, Step-5 summary caches): a [B, H, block/ratio, C] view.
+
+    Read as kernel blocks of block/ratio tokens, plan_vllm would glue `ratio` manager blocks into one and
+    FlexKV would serve block b's bytes for block b*ratio: refused at the spec instead.
+    """
+    from fractions import Fraction
+
+    for tps in (ratio, Fraction(1, ratio)):
+        spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, head_size_v=0, tokens_per_state=tps)
+        with pytest.raises(NotAddressableError, match="tokens_per_state"):
+            spec_facts(KVCacheConfig([Group(spec)]))
+
+
+@dataclass
+class MambaSpec:
+    block_size: int = 16
+    page_size_padded: int | None = None
+    tokens_per_state: int = -1
+
+
+def test_a_state_space_spec_is_refused_as_not_attention():
+    with pytest.raises(NotAddressableError, match="not an attention KV cache"):
+        spec_facts(KVCacheConfig([Group(MambaSpec())]))

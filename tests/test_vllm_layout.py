@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from flexkv_adapter import AdapterError, AmbiguousLayoutError, MLAView, NotAddressableError, adapt
+from flexkv_adapter import (
+    AdapterError,
+    AmbiguousLayoutError,
+    InconsistentLayersError,
+    MLAView,
+    NotAddressableError,
+    adapt,
+)
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
 
-from .helpers import flexkv_worker_read
+from .helpers import distinct, flexkv_worker_read
 
 
 def views(layout: str, layers: int, blocks: int, heads: int, tokens: int, content: int, dtype=torch.bfloat16):
@@ -116,3 +123,129 @@ def test_adapt_refuses_options_a_vllm_dict_would_not_apply(option):
     # Its geometry comes from strides: an option that is silently not applied would mislabel the view.
     with pytest.raises(AdapterError, match=r"do not apply to a vLLM 0.33 dict"):
         adapt(views("LHBNC", 3, 4, 1, 2, 8), page_size=4, kind="mla", **option)
+
+
+# --- hostile inputs (review): each once crashed raw or dropped data silently ---------------------
+
+
+def test_keys_that_are_not_layer_names_are_refused_not_merged_or_crashed():
+    kv = list(views("LBNHC", 2, 3, 2, 4, 8).values())
+    for bad in ({1: kv[0], "1": kv[1]}, {0: kv[0], 1: kv[1]}, {(0,): kv[0], (1,): kv[1]}):
+        with pytest.raises(InconsistentLayersError, match="layer names"):
+            plan(bad, page_size=4, kind="mha")
+    mla = list(views("LBNHC", 2, 3, 1, 4, 8).values())
+    with pytest.raises(InconsistentLayersError, match="layer names"):
+        adapt({0: mla[0], 1: mla[1]}, page_size=4, kind="mla")
+
+
+def test_indexer_entries_are_not_dropped_silently():
+    kv = views("LBNHC", 2, 3, 1, 4, 8)
+    kv["model.layers.0.attn.k_cache"] = torch.zeros(3, 4, 16, dtype=torch.uint8)
+    with pytest.raises(NotAddressableError, match=r"k_cache.*plugin"):
+        plan(kv, page_size=4, kind="mla")
+    with pytest.raises(NotAddressableError, match=r"k_cache.*plugin"):
+        adapt(kv, page_size=4, kind="mla")
+
+
+@pytest.mark.parametrize("axis", range(4))
+def test_empty_caches_are_refused(axis):
+    extents = [2, 3, 2, 4, 8]
+    extents[[1, 2, 3, 4][axis]] = 0
+    kv = views("LBNHC", *extents)
+    with pytest.raises(AdapterError, match="empty"):
+        plan(kv, page_size=4, kind="mha")
+    with pytest.raises(AdapterError, match="empty"):
+        plan({f"l.{i}": torch.empty(0, 2, 4, 8) for i in range(2)}, page_size=4, kind="mha")
+
+
+@pytest.mark.parametrize("page_size", ["4", 4.0, 0, -4, True])
+def test_a_page_size_that_is_not_a_positive_int_is_an_adapter_error(page_size):
+    for kind in ("mha", "mla"):
+        kv = views("LBNHC", 2, 4, 2 if kind == "mha" else 1, 2, 8)
+        with pytest.raises(AdapterError, match="page_size"):
+            plan(kv, page_size=page_size, kind=kind)
+    with pytest.raises(AdapterError, match="page_size"):
+        adapt(views("LBNHC", 2, 4, 1, 2, 8), page_size=page_size, kind="mla")
+
+
+@pytest.mark.parametrize("kind", ["MHA", "bogus", 3])
+def test_an_unknown_kind_is_refused(kind):
+    with pytest.raises(AdapterError, match="kind"):
+        plan(views("LBNHC", 2, 3, 2, 4, 8), page_size=4, kind=kind)
+
+
+@pytest.mark.parametrize("page", [None, 4])
+def test_per_layer_paged_tensors_from_one_buffer_are_not_taken_for_one_token_vllm_blocks(page):
+    """[P, T, 1, D] per-layer pages carved from one buffer have exactly the strides of vLLM [B, H=T, N=1, C].
+
+    Read as vLLM with page_size=T, T one-token "kernel blocks" were glued into one block and FlexKV read
+    pages 4..7 for page 1; without page_size it registered T heads of one token. Two readings: refuse.
+    """
+    buf = distinct((2, 8, 4, 1, 8), torch.bfloat16)  # [L, P, T, H, D]
+    kv = {f"model.layers.{i}.attn": buf[i] for i in range(2)}
+    with pytest.raises(AmbiguousLayoutError, match="axes='P T H D'"):
+        plan(kv, page_size=page)
+    p = plan(kv, page_size=4, axes="P T H D", kind="mla")  # the option that settles it
+    want = bytes(buf[0, 1].contiguous().view(torch.uint8).flatten().tolist())
+    assert flexkv_worker_read(p.layout_fields(), list(p.tensors), 0, 0, 1) == want
+    vllm = plan_vllm(views("LBHNC", 2, 8, 4, 1, 8), kind="mha", block_size=1)  # vLLM itself: plan_vllm
+    assert (vllm.num_head, vllm.tokens_per_block) == (4, 1)
+
+
+@st.composite
+def strided_dicts(draw):
+    """Per-layer [B, H, N, C] views over one buffer: vLLM's six layouts (mostly clean) and, for one draw in
+    three, any axis order, padding, layer step, base offset, dict order and aliases."""
+    dtype = draw(st.sampled_from([torch.int8, torch.bfloat16, torch.float32, torch.float64]))
+    extents = [draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 3))]  # L, B, H
+    extents += [draw(st.sampled_from([4, 1, 2])), draw(st.sampled_from([16, 8, 4, 2, 1]))]  # N, C
+    bent = draw(st.integers(0, 2)) == 0
+    layouts = st.sampled_from(list(LAYOUTS.values()))
+    order = draw(st.one_of(layouts, st.permutations(range(5))) if bent else layouts)
+    odd = st.sampled_from([0, 0, 0, 1, 2, 8]) if bent else st.just(0)
+    strides, inner = {}, 1
+    for axis in reversed(order):
+        strides[axis] = inner
+        inner *= extents[axis] + draw(odd)  # padding after the axis
+    step = max(0, strides[0] + draw(st.sampled_from([0, -1, 1, 8]) if bent else st.just(0)))  # overlap, gap
+    base = draw(odd) * draw(st.sampled_from([1, 2]))
+    size = base + step * (extents[0] - 1) + sum((extents[a] - 1) * strides[a] for a in range(1, 5)) + 1
+    buf = torch.randint(-128, 127, (size * dtype.itemsize,), dtype=torch.int8).view(dtype)
+    slots = list(range(extents[0]))
+    slots = draw(st.permutations(slots)) if bent else slots
+    shape, stride = tuple(extents[1:]), tuple(strides[a] for a in range(1, 5))
+    kv = {f"model.layers.{i}.attn": buf.as_strided(shape, stride, base + s * step) for i, s in enumerate(slots)}
+    if extents[0] > 1 and draw(st.booleans()):
+        kv[f"model.layers.{extents[0]}.attn"] = kv["model.layers.0.attn"]  # a KV-sharing layer
+    ratio = draw(st.sampled_from([1, 2, 3])) if order[0] == 0 or bent else 1  # kernel blocks: LB* layouts
+    return kv, extents[3] * ratio, draw(st.sampled_from([None, "mha", "mla"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(strided_dicts(), st.sampled_from([1, 1, 2]))
+def test_any_strided_views_are_read_byte_for_byte_or_refused(case, tp):
+    kv, block_size, kind = case
+    try:
+        p = plan_vllm(kv, kind=kind, block_size=block_size, tp_size=tp)
+    except AdapterError as exc:
+        event(type(exc).__name__)
+        return
+    event(f"{p.type.value}, {p.num_layer} layers, {p.num_block} blocks")
+    for layer, view in enumerate(kv.values()):
+        ratio = block_size // view.shape[2]
+        for block in range(p.num_block):
+            part = view[block * ratio : (block + 1) * ratio].permute(0, 2, 1, 3).reshape(-1)
+            want = bytes(torch.empty_like(part).copy_(part).view(torch.uint8).tolist())
+            assert flexkv_worker_read(p.layout_fields(), list(p.tensors), layer, 0, block) == want, (layer, block)
+
+
+@pytest.mark.parametrize("option", [{"head_num": 4}, {"layer_ids": [5, 6]}, {"dtype": torch.float32}, {"hed_num": 2}])
+def test_plan_options_a_vllm_dict_cannot_honour_are_refused_not_ignored(option):
+    with pytest.raises(AdapterError, match=next(iter(option))):
+        plan(views("LBNHC", 2, 3, 2, 4, 8), page_size=4, kind="mha", **option)
+
+
+@pytest.mark.parametrize("kv", [{}, {"model.layers.0.attn.k_cache": torch.zeros(3, 4, 16)}])
+def test_a_dict_without_main_kv_is_refused(kv):
+    with pytest.raises(NotAddressableError, match="no KV cache"):
+        plan_vllm(kv)

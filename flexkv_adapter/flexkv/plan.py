@@ -203,6 +203,8 @@ def plan(
     if not isinstance(source, PoolView) and "axes" not in options and is_vllm_dict(source):
         from .vllm_plan import plan_vllm  # imports this module
 
+        if ignored := sorted(set(options) - {"kind"}):
+            raise PlanError(f"a vLLM 0.33 cache dict takes kind= and page_size= only; {ignored} would be ignored")
         return plan_vllm(
             source,  # type: ignore[arg-type]
             kind=options.get("kind"),

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,7 @@ from ..settings import AdapterSettings
 
 logger = logging.getLogger(__name__)
 
+MAX_BODY = 64 * 1024  # start_remote's answers are small JSON; never read a stream or a device to its end
 # start_remote's states once the master's config arrived (registration may proceed), and its dead ends.
 PROCEED_STATES = frozenset({"waiting_for_gpus", "starting_engine", "ready"})
 FAILED_STATES = frozenset({"failed", "shutting_down"})
@@ -97,9 +99,9 @@ def probe_health(host: str, port: int, timeout_s: float) -> Probe:
     url = f"http://{_client_host(host)}:{port}/"
     try:
         with _OPENER.open(url, timeout=timeout_s) as response:
-            body = response.read()
+            body = response.read(MAX_BODY)
     except urllib.error.HTTPError as exc:
-        body = exc.read()
+        body = exc.read(MAX_BODY)
     except (urllib.error.URLError, OSError) as exc:
         return Probe(None, f"no answer on {url} ({getattr(exc, 'reason', exc)})")
     return _parse(body, url)
@@ -108,14 +110,26 @@ def probe_health(host: str, port: int, timeout_s: float) -> Probe:
 def probe_ready_file(path: Path) -> Probe:
     """start_remote writes the ready file (JSON) only while ready; a file whose pid is gone is stale."""
     try:
-        body = path.read_bytes()
-    except OSError:
-        return Probe(None, f"no ready file {path}")
+        body = _read_regular_file(path)
+    except OSError as exc:
+        return Probe(None, f"no ready file {path} ({exc.strerror or exc})")
     probe = _parse(body, str(path))
     pid = _pid_of(body)
     if probe.state is not None and pid is not None and not _alive(pid):
         return Probe(None, f"stale ready file {path} (pid {pid} is gone)")
     return probe
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """At most MAX_BODY bytes of a regular file; a FIFO or device is refused without blocking on it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read(MAX_BODY)
+    finally:
+        os.close(fd)
 
 
 def _parse(body: bytes, where: str) -> Probe:

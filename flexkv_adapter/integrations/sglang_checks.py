@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from ..copy_rules import shard_problem
 from ..errors import AdapterError, InconsistentLayersError
+from ..flexkv.checks import shared_kv_mode
 from ..hybrid import detect, pool_kind, scale_groups
 from ..layout import ViewKind
 from ..views import PoolView
@@ -93,6 +98,8 @@ class ConnectorFacts:
     head_size: int | None  # what FlexKV's ModelConfig sizes its CPU blocks with (None: not derived here)
     attn_tp_size: int
     kv_heads_is_shared_switch: bool  # current FlexKV: a registered head count of 1 means "same KV on every rank"
+    flexkv_itemsize: int | None = None  # ModelConfig.dtype's element size, FlexKV's GPU stride unit (None: unknown)
+    dtype_origin: str = ""
 
 
 def model_kind(model_config: Any, api: FlexKVApi) -> tuple[ViewKind, str]:
@@ -136,6 +143,25 @@ def _head_size(model_config: Any, mla: bool) -> int | None:
     return latent + rope or None
 
 
+# FlexKVConfig._resolve_dtype's table: a name it does not know becomes bfloat16.
+_FLEXKV_ITEMSIZE = dict.fromkeys(("float16", "bfloat16", "fp16", "bf16"), 2) | {"float32": 4, "fp32": 4}
+_FLEXKV_ITEMSIZE |= dict.fromkeys(("fp8", "float8", "e4m3", "fp8_e4m3", "nvfp4", "fp4", "e2m1", "fp4_e2m1"), 1)
+
+
+def flexkv_itemsize(model_config: Any, server_args: Any, environ: Any = os.environ) -> tuple[int | None, str]:
+    """The element size of FlexKV's ModelConfig.dtype and where it comes from; None when a config file decides."""
+    if environ.get("FLEXKV_CONFIG_PATH"):
+        return None, "FLEXKV_CONFIG_PATH"
+    for name, value in (
+        ("FLEXKV_KV_CACHE_DTYPE", environ.get("FLEXKV_KV_CACHE_DTYPE")),
+        ("--kv-cache-dtype", getattr(server_args, "kv_cache_dtype", None)),
+    ):
+        if isinstance(value, str) and (name != "--kv-cache-dtype" or value != "auto"):
+            return _FLEXKV_ITEMSIZE.get(value.lower(), 2), f"{name} {value!r} (FlexKV reads unknown names as bfloat16)"
+    dtype = getattr(model_config, "dtype", torch.bfloat16)
+    return (dtype.itemsize, f"the model dtype {dtype}") if isinstance(dtype, torch.dtype) else (None, "")
+
+
 def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: FlexKVApi) -> ConnectorFacts:
     layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
     if layers <= 0:
@@ -150,6 +176,7 @@ def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: Flex
     cp = int(getattr(server_args, "attn_cp_size", 1) or 1)
     kind, why = model_kind(model_config, api)
     mla = kind == "mla"
+    itemsize, origin = flexkv_itemsize(model_config, server_args)
     return ConnectorFacts(
         kind=kind,
         kind_reason=why,
@@ -159,6 +186,8 @@ def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: Flex
         head_size=_head_size(model_config, mla),
         attn_tp_size=max(1, tp // (dp * cp)),
         kv_heads_is_shared_switch=not api.layout_is_mla,
+        flexkv_itemsize=itemsize,
+        dtype_origin=origin,
     )
 
 
@@ -196,11 +225,19 @@ def check_view(view: PoolView, facts: ConnectorFacts, page_size: int) -> None:
             f"{pool} holds rows of {dims.pop()} elements per head but FlexKV sizes its blocks for head_size="
             f"{facts.head_size} from the model config; the pool does not match this model"
         )
-    if facts.kind != "mha":
+    first = view.tensors()[0]
+    if facts.flexkv_itemsize is not None and facts.flexkv_itemsize != first.element_size():
+        raise InconsistentLayersError(
+            f"{pool} holds {first.element_size()}-byte elements but FlexKV's model dtype has {facts.flexkv_itemsize} "
+            f"bytes ({facts.dtype_origin}); FlexKV computes GPU strides with it and would read the wrong bytes. Set "
+            f"FLEXKV_KV_CACHE_DTYPE to a {first.element_size()}-byte dtype FlexKV knows (fp8, bf16, fp16, fp32)"
+        )
+    heads, tp, total = int(first.shape[1]), facts.attn_tp_size, facts.total_kv_heads
+    if facts.kind == "mla" or (heads == 1 and total == 1):  # shared KV (MQA: the model's one head on every rank)
+        chunk = page_size * heads * int(first.shape[2]) * first.element_size()
+        if shared_kv_mode() == "sharded" and (problem := shard_problem(chunk, tp)):
+            raise InconsistentLayersError(f"{pool} at attention TP size {tp}: {problem}")
         return
-    heads, tp, total = int(view.tensors()[0].shape[1]), facts.attn_tp_size, facts.total_kv_heads
-    if heads == 1 and total == 1:
-        return  # MQA: every rank holds the same single head, which FlexKV reads correctly
     if total is not None and heads * tp != total:
         raise InconsistentLayersError(
             f"{pool} holds {heads} KV heads per rank at attention TP size {tp}, but the model has {total} KV heads "

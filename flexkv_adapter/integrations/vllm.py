@@ -71,9 +71,15 @@ def _patch_connector(cls: Any) -> None:
         facts = spec_facts(self._kv_cache_config)
         tp_size = int(self._vllm_config.parallel_config.tensor_parallel_size)
         p, indexer = _plan(kv_caches, facts, tp_size)  # refuse before FlexKV sees the dict
-        flexkv_block = getattr(
-            getattr(getattr(worker, "flexkv_config", None), "cache_config", None), "tokens_per_block", None
-        )
+        flexkv_config = getattr(worker, "flexkv_config", None)
+        flexkv_block = getattr(getattr(flexkv_config, "cache_config", None), "tokens_per_block", None)
+        flexkv_dtype = getattr(getattr(flexkv_config, "model_config", None), "dtype", None)
+        if isinstance(flexkv_dtype, torch.dtype) and flexkv_dtype.itemsize != p.dtype.itemsize:
+            raise AdapterError(
+                f"flexkv_adapter: FlexKV's model dtype {flexkv_dtype} has itemsize {flexkv_dtype.itemsize} but vLLM's "
+                f"KV cache holds {p.dtype}; FlexKV computes GPU strides with the former and would read the wrong "
+                f"bytes. Set FLEXKV_KV_CACHE_DTYPE (or kv_cache_dtype) to match vLLM's --kv-cache-dtype"
+            )
         if flexkv_block is not None and flexkv_block != p.tokens_per_block:
             raise AdapterError(
                 f"flexkv_adapter: FlexKV counts {flexkv_block}-token blocks (vLLM's cache_config.block_size) but "
@@ -150,6 +156,18 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
             f"flexkv_adapter: the KV cache spec {type(spec).__name__} has padded or quantized pages ({padding}); "
             f"FlexKV layouts have no block padding, so FlexKV cannot address them. Use an unquantized, unpadded "
             f"KV cache (kv_cache_dtype auto) with FlexKVConnectorV1"
+        )
+    if not all(hasattr(spec, n) for n in ("num_kv_heads", "head_size", "block_size")):
+        raise NotAddressableError(
+            f"flexkv_adapter: the KV cache spec {type(spec).__name__} is not an attention KV cache (state-space or "
+            f"linear-attention state); FlexKV offloads attention KV only"
+        )
+    tokens_per_state = getattr(spec, "tokens_per_state", 1)
+    if tokens_per_state != 1:  # a page holds block_size / tokens_per_state states: not kernel blocks to regroup
+        raise NotAddressableError(
+            f"flexkv_adapter: the KV cache spec {type(spec).__name__} stores one state per {tokens_per_state} "
+            f"tokens (tokens_per_state); FlexKV addresses one row per token, so its block ids would read other "
+            f"blocks' states. Compressed or pooled KV caches cannot be offloaded with FlexKVConnectorV1"
         )
     kind: ViewKind = "mla" if any(c.__name__ == "MLAAttentionSpec" for c in type(spec).__mro__) else "mha"
     head_size_v = getattr(spec, "head_size_v", None)

@@ -189,3 +189,16 @@ def test_a_spec_block_other_than_flexkvs_block_fails_start_up(plugged, tmp_path)
     with pytest.raises(AdapterError, match="16-token blocks"):
         worker.register_kv_caches(kv_caches)
     assert registrations() == []
+
+
+def test_a_flexkv_model_dtype_of_another_element_size_fails_start_up(plugged, tmp_path):
+    """FlexKV computes GPU strides with ModelConfig.dtype's itemsize (FLEXKV_KV_CACHE_DTYPE, kv_cache_dtype):
+    fp8 there over a bf16 cache would read half-blocks at half the stride."""
+    from flexkv_adapter import AdapterError
+
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", "mha3")
+    worker = plugged(connector_config(tmp_path, "mha3"), roles().WORKER, kv_cache_config)
+    worker._flexkv_connector.connector.flexkv_config.model_config.dtype = torch.float8_e4m3fn
+    with pytest.raises(AdapterError, match="FLEXKV_KV_CACHE_DTYPE"):
+        worker.register_kv_caches(kv_caches)
+    assert registrations() == []
