@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .containers import layer_index_from_name
 from .errors import (
     AdapterError,
     AmbiguousLayoutError,
@@ -125,6 +126,13 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
         raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
+    ids = [layer_index_from_name(n) for n in main]
+    if None not in ids and len(set(ids)) != len(ids):
+        repeated = sorted({i for i in ids if ids.count(i) > 1})[:3]
+        raise InconsistentLayersError(
+            f"vLLM KV caches: names {list(main)[:4]} repeat layer index {repeated} (separate K and V entries?); "
+            f"vLLM 0.33 gives one [B, H, N, C] entry per layer. Read per-layer K/V tensors with axes= instead"
+        )
     first_name, first = next(iter(main.items()), ("", torch.empty(0)))
     if 0 in first.shape:  # no entry besides indexer ones, or empty tensors
         raise NotAddressableError(f"vLLM KV caches: no KV cache in {list(kv_caches)[:3]} ({describe(first)}): empty")

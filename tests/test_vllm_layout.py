@@ -249,3 +249,13 @@ def test_plan_options_a_vllm_dict_cannot_honour_are_refused_not_ignored(option):
 def test_a_dict_without_main_kv_is_refused(kv):
     with pytest.raises(NotAddressableError, match="no KV cache"):
         plan_vllm(kv)
+
+
+def test_separate_k_and_v_entries_of_one_buffer_are_not_read_as_layers():
+    # [P, T=1, H, D] K and V entries share vLLM [B, 1, N, C] strides; read as 2L MLA layers of H-token
+    # blocks, FlexKV would store K and V as separate layers with the wrong block size.
+    buf = torch.arange(2 * 2 * 6 * 1 * 4 * 8, dtype=torch.int16).view(2, 2, 6, 1, 4, 8)
+    kv = {f"model.layers.{i}.attn.{n}": buf[i, j] for i in range(2) for j, n in enumerate("kv")}
+    for options in ({}, {"kind": "mha"}, {"kind": "mla", "page_size": 4}):
+        with pytest.raises(InconsistentLayersError, match=r"repeat layer index \[0, 1\]"):
+            plan(kv, **options)
