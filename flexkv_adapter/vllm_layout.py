@@ -126,8 +126,9 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
         raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
-    ids = [layer_index_from_name(n) for n in main]
-    if None not in ids and len(set(ids)) != len(ids):
+    parsed = [layer_index_from_name(n) for n in main]
+    ids = [i for i in parsed if i is not None]
+    if len(ids) == len(parsed) and len(set(ids)) != len(ids):
         repeated = sorted({i for i in ids if ids.count(i) > 1})[:3]
         raise InconsistentLayersError(
             f"vLLM KV caches: names {list(main)[:4]} repeat layer index {repeated} (separate K and V entries?); "
