@@ -33,6 +33,7 @@ class Container:
     layer_ids: tuple[int, ...] | None = None  # from dict names, in the (sorted) order of ``tensors``
     ids_problem: str | None = None
     dict_order: tuple[int, ...] | None = None  # a dict's entries: each tensor's position in the dict
+    names: tuple[str, ...] | None = None  # a dict's keys, in the order of ``tensors``
 
     @property
     def keyed(self) -> bool:
@@ -101,7 +102,8 @@ def make_container(attr: str, value: object) -> Container | str:
                 f"{attr}: cannot take one distinct layer index from each name {names}"
                 f"{'...' if len(items) > 4 else ''}; pass layer_ids=[...] in the dict's order"
             )
-            return Container(attr, tuple(t for _, t in items), True, None, problem, tuple(range(len(items))))
+            keys = tuple(str(k) for k, _ in items)
+            return Container(attr, tuple(t for _, t in items), True, None, problem, tuple(range(len(items))), keys)
         order = sorted(range(len(items)), key=lambda i: ids[i])  # type: ignore[arg-type,return-value]
         return Container(
             attr,
@@ -109,12 +111,41 @@ def make_container(attr: str, value: object) -> Container | str:
             True,
             tuple(ids[i] for i in order),  # type: ignore[misc]
             dict_order=tuple(order),
+            names=tuple(str(items[i][0]) for i in order),
         )
     if isinstance(value, (list, tuple)):
         if not value or not all(isinstance(t, torch.Tensor) for t in value):
             return f"{attr} is a {type(value).__name__} but not a non-empty sequence of tensors"
         return _storage_problem(attr, value) or Container(attr, tuple(value), is_sequence=True)
     return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
+
+
+def pairing_problem(k: Container, v: Container) -> str | None:
+    """Why separate K and V containers cannot be paired layer by layer, or None.
+
+    Named layers pair by their ids; otherwise both must be in their given order (a dict sorted by
+    its names beside a list, or one dict's keys in another order, would pair K of one layer with V
+    of another).
+    """
+    if len(k.tensors) == 1:
+        return None
+    if k.layer_ids is not None and v.layer_ids is not None:
+        if k.layer_ids == v.layer_ids:
+            return None
+        return f"{k.attr} names layers {list(k.layer_ids)} but {v.attr} names {list(v.layer_ids)}"
+    if k.keyed and v.keyed and (k.layer_ids is None) != (v.layer_ids is None):
+        named, other = (k, v) if k.layer_ids is not None else (v, k)
+        return f"{named.attr} names its layers but {other.attr} does not ({other.ids_problem}): they cannot be paired"
+    for c in (k, v):
+        if c.dict_order is not None and c.dict_order != tuple(sorted(c.dict_order)):
+            other = v if c is k else k
+            return (
+                f"{c.attr} is a dict whose layer names are not in its order, beside {other.attr} without "
+                f"layer names: which V belongs to which K is unknown; give both as dicts with the same layer names"
+            )
+    if k.names is not None and v.names is not None and set(k.names) == set(v.names) and k.names != v.names:
+        return f"{k.attr} and {v.attr} hold the same names in different orders: pairing them by position is wrong"
+    return None
 
 
 def locate_sequence(pool: Sequence[object]) -> tuple[list[Located], list[str]]:

@@ -1,0 +1,60 @@
+"""Regression tests from the second hostile review of adapt(): each input once gave a wrong view,
+a report that lied, or a raw exception."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from flexkv_adapter import AdapterError, adapt
+
+from .helpers import assert_aliases, distinct
+
+N, H, D, PS = 32, 2, 4, 16
+
+
+def _k(i: int) -> torch.Tensor:
+    return distinct((N, H, D), torch.float32, 1000 * i)
+
+
+def _v(i: int) -> torch.Tensor:
+    return distinct((N, H, D), torch.float32, 1000 * i + 500)
+
+
+@pytest.mark.parametrize(
+    "k_buffer, v_buffer",
+    [
+        ({"l.0": 0, "l.1": 1}, {"l.1": 1, "l.2": 2}),  # the names give other layers
+        ({"l.1": 1, "l.0": 0}, [1, 0]),  # a dict beside a list in the dict's (unsorted) order
+        ({"a": 1, "b": 0}, {"l.0": 0, "l.1": 1}),  # names without ids beside named layers
+        ({"a": 1, "b": 0}, {"b": 0, "a": 1}),  # the same names in another order
+    ],
+)
+def test_separate_k_and_v_dicts_are_paired_by_layer_or_refused(k_buffer, v_buffer):
+    """K and V given as dicts (or a dict and a list) must pair layer i's K with layer i's V."""
+    ks = {i: _k(i) for i in range(3)}
+    vs = {i: _v(i) for i in range(3)}
+
+    def build(spec: object, tensors: dict[int, torch.Tensor]) -> object:
+        return {n: tensors[i] for n, i in spec.items()} if isinstance(spec, dict) else [tensors[i] for i in spec]
+
+    pool = SimpleNamespace(k_buffer=build(k_buffer, ks), v_buffer=build(v_buffer, vs), page_size=PS)
+    for options in ({}, {"layer_ids": [7, 8]}):
+        try:
+            view = adapt(pool, **options)
+        except AdapterError:
+            continue
+        for k, v in zip(view.k_buffer, view.v_buffer):
+            layer = next(i for i, t in ks.items() if t.data_ptr() == k.data_ptr())
+            assert v.data_ptr() == vs[layer].data_ptr(), f"layer {layer}'s K is paired with another layer's V"
+
+
+def test_separate_dicts_with_the_same_layer_names_pair_by_name():
+    pool = SimpleNamespace(k_buffer={"l.1": _k(1), "l.0": _k(0)}, v_buffer={"l.0": _v(0), "l.1": _v(1)}, page_size=PS)
+    view = adapt(pool)
+    assert view.layer_ids == [0, 1]
+    for i in (0, 1):
+        assert_aliases(view.k_buffer[i], pool.k_buffer[f"l.{i}"], pool.k_buffer[f"l.{i}"])
+        assert_aliases(view.v_buffer[i], pool.v_buffer[f"l.{i}"], pool.v_buffer[f"l.{i}"])
