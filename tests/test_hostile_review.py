@@ -58,3 +58,11 @@ def test_separate_dicts_with_the_same_layer_names_pair_by_name():
     for i in (0, 1):
         assert_aliases(view.k_buffer[i], pool.k_buffer[f"l.{i}"], pool.k_buffer[f"l.{i}"])
         assert_aliases(view.v_buffer[i], pool.v_buffer[f"l.{i}"], pool.v_buffer[f"l.{i}"])
+
+
+@pytest.mark.parametrize("attr, value", [("page_size", 0), ("page_size", -16), ("start_layer", -1)])
+def test_pool_metadata_out_of_range_is_refused(attr, value):
+    """pool.page_size=0 raised ZeroDivisionError; -16 gave num_blocks=-3; start_layer=-1 gave layer id -1."""
+    pool = SimpleNamespace(k_buffer=[_k(0), _k(1)], v_buffer=[_v(0), _v(1)], **{"page_size": PS, attr: value})
+    with pytest.raises(AdapterError, match=f"pool.{attr}"):
+        adapt(pool)
