@@ -97,13 +97,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))
         view = _adapt_plain(structure.primary, page_size, given, label)
-        if structure.layer_ids is not None:
-            if len(structure.layer_ids) != len(view.layer_ids):
-                raise InconsistentLayersError(
-                    f"{type(pool).__name__}: its layer mapping names {len(structure.layer_ids)} attention layers "
-                    f"{list(structure.layer_ids)} but {structure.primary_attr} holds {len(view.layer_ids)}"
-                )
-            view = view.rebuild(layer_ids=list(structure.layer_ids))
+        view = hybrid.mapped_layer_ids(pool, structure, view, set(given))
         groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
         return hybrid.apply_policy(view, pool, structure.family, groups, mode)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:

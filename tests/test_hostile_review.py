@@ -66,3 +66,28 @@ def test_pool_metadata_out_of_range_is_refused(attr, value):
     pool = SimpleNamespace(k_buffer=[_k(0), _k(1)], v_buffer=[_v(0), _v(1)], **{"page_size": PS, attr: value})
     with pytest.raises(AdapterError, match=f"pool.{attr}"):
         adapt(pool)
+
+
+def _swa_without_model_ids() -> object:
+    from flexkv_adapter.samples import _swa_pool
+
+    pool = _swa_pool()
+    del pool.full_kv_pool.model_layer_ids  # SGLang's sub-pools have none: the wrapper's mapping gives the ids
+    return pool
+
+
+def test_hybrid_report_states_the_mapped_layer_ids():
+    view = adapt(_swa_without_model_ids(), hybrid="attention_only")
+    assert view.layer_ids == [1, 4]
+    assert list(view.report.layer_ids) == [1, 4], "the report must name the layers the view exposes"
+
+
+@pytest.mark.parametrize("options", [{"layer_ids": [7, 8]}, {"start_layer": 5}])
+def test_hybrid_layer_options_contradicting_the_mapping_are_refused(options):
+    with pytest.raises(AdapterError, match="layers_mapping|mapping"):
+        adapt(_swa_without_model_ids(), hybrid="attention_only", **options)
+
+
+def test_hybrid_layer_ids_agreeing_with_the_mapping_are_accepted():
+    view = adapt(_swa_without_model_ids(), hybrid="attention_only", layer_ids=[1, 4])
+    assert view.layer_ids == [1, 4] and list(view.report.layer_ids) == [1, 4]
