@@ -240,10 +240,15 @@ def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -
     if container.layer_ids is not None:
         return list(container.layer_ids)
     model_ids = probe(pool, "model_layer_ids")  # SGLang: global ids of this pool's layers
-    if isinstance(model_ids, (list, tuple)) and len(model_ids) == count and "start_layer" not in geometry.given:
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in model_ids):
-            raise InconsistentLayersError(f"{name}.model_layer_ids={model_ids!r:.200}: expected layer ids (integers)")
-        return list(model_ids)
+    if isinstance(model_ids, (list, tuple, range)) and "start_layer" not in geometry.given:
+        ids = list(model_ids)
+        valid = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+        if not valid or len(ids) != count or len(set(ids)) != count:
+            raise InconsistentLayersError(
+                f"{name}.model_layer_ids={model_ids!r:.200}: expected {count} distinct layer ids (integers), "
+                f"one per layer"
+            )
+        return ids
     return list(range(geometry.start_layer, geometry.start_layer + count))
 
 

@@ -91,3 +91,16 @@ def test_hybrid_layer_options_contradicting_the_mapping_are_refused(options):
 def test_hybrid_layer_ids_agreeing_with_the_mapping_are_accepted():
     view = adapt(_swa_without_model_ids(), hybrid="attention_only", layer_ids=[1, 4])
     assert view.layer_ids == [1, 4] and list(view.report.layer_ids) == [1, 4]
+
+
+@pytest.mark.parametrize("ids", [[3, 3], [0, 1, 2], [5], [1, 1, 2]])
+def test_model_layer_ids_that_cannot_label_the_layers_are_refused(ids):
+    """Duplicates were taken as ids ([3, 3]); a wrong count was silently replaced by 0..n-1."""
+    pool = SimpleNamespace(k_buffer=[_k(0), _k(1)], v_buffer=[_v(0), _v(1)], page_size=PS, model_layer_ids=ids)
+    with pytest.raises(AdapterError, match="model_layer_ids"):
+        adapt(pool)
+
+
+def test_model_layer_ids_as_a_range_label_the_layers():
+    pool = SimpleNamespace(k_buffer=[_k(0), _k(1)], v_buffer=[_v(0), _v(1)], page_size=PS, model_layer_ids=range(4, 6))
+    assert adapt(pool).layer_ids == [4, 5]
