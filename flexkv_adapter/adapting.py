@@ -267,12 +267,12 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
     attrs = located.attrs
     page_size = _page_size(pool, geometry, interp, logical)
     planes = flat_views(logical, interp, pool, attrs)
+    check_consistent(planes, pool, attrs)  # as stored: dtype= must not make fp16 and bf16 layers look alike
     if geometry.dtype is not None:
         try:
             planes = reinterpret(planes, geometry.dtype)
         except RuntimeError as exc:
             raise AdapterError(f"{type(pool).__name__}: cannot view the KV bytes as {geometry.dtype}: {exc}") from None
-    check_consistent(planes, pool, attrs)
     first = next(iter(planes.values()))[0]
     rows = first.shape[0]
     if rows < page_size:

@@ -104,3 +104,12 @@ def test_model_layer_ids_that_cannot_label_the_layers_are_refused(ids):
 def test_model_layer_ids_as_a_range_label_the_layers():
     pool = SimpleNamespace(k_buffer=[_k(0), _k(1)], v_buffer=[_v(0), _v(1)], page_size=PS, model_layer_ids=range(4, 6))
     assert adapt(pool).layer_ids == [4, 5]
+
+
+def test_dtype_option_does_not_unify_layers_stored_in_different_dtypes():
+    """fp16 bytes of one layer were exposed as bf16 beside bf16 layers once dtype=torch.bfloat16 was given."""
+    ks = [torch.zeros(N, H, D, dtype=torch.bfloat16), torch.zeros(N, H, D, dtype=torch.float16)]
+    vs = [torch.zeros(N, H, D, dtype=torch.bfloat16) for _ in range(2)]
+    pool = SimpleNamespace(k_buffer=ks, v_buffer=vs, page_size=PS)
+    with pytest.raises(AdapterError, match="float16"):
+        adapt(pool, dtype=torch.bfloat16)
