@@ -113,3 +113,13 @@ def test_dtype_option_does_not_unify_layers_stored_in_different_dtypes():
     pool = SimpleNamespace(k_buffer=ks, v_buffer=vs, page_size=PS)
     with pytest.raises(AdapterError, match="float16"):
         adapt(pool, dtype=torch.bfloat16)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("as_list", [False, True])
+def test_nested_tensors_are_refused(as_list):
+    """A strided nested tensor passed the storage checks and raised RuntimeError from .shape."""
+    nested = torch.nested.nested_tensor([_k(0), _k(1)])
+    pool = SimpleNamespace(k_buffer=[nested] if as_list else nested, v_buffer=[nested] if as_list else nested)
+    with pytest.raises(AdapterError, match="nested"):
+        adapt(pool, page_size=PS)
