@@ -215,7 +215,8 @@ def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -
     A dict's ``layer_ids=`` are given in the dict's order; when its names give ids too, the two
     must agree. ``start_layer`` does not apply to a dict (its names, or ``layer_ids=``, give ids).
     """
-    container: Container = located.containers[0]
+    # the ids in names, from K or V (pairing_problem made sure that both give the same, or one none)
+    container: Container = next((c for c in located.containers if c.layer_ids), located.containers[0])
     name = type(pool).__name__
     if container.keyed and "start_layer" in geometry.given:
         raise AdapterError(

@@ -123,26 +123,25 @@ def make_container(attr: str, value: object) -> Container | str:
 def pairing_problem(k: Container, v: Container) -> str | None:
     """Why separate K and V containers cannot be paired layer by layer, or None.
 
-    Named layers pair by their ids; otherwise both must be in their given order (a dict sorted by
-    its names beside a list, or one dict's keys in another order, would pair K of one layer with V
-    of another).
+    Named layers pair by their ids; otherwise by position, which only means the same layer when
+    both are lists, or dicts of other names given in one order: a list beside a dict (sorted by
+    its names, or in its own order?) or one set of keys in two orders is a guess.
     """
-    if len(k.tensors) == 1:
-        return None
     if k.layer_ids is not None and v.layer_ids is not None:
         if k.layer_ids == v.layer_ids:
             return None
         return f"{k.attr} names layers {list(k.layer_ids)} but {v.attr} names {list(v.layer_ids)}"
-    if k.keyed and v.keyed and (k.layer_ids is None) != (v.layer_ids is None):
-        named, other = (k, v) if k.layer_ids is not None else (v, k)
-        return f"{named.attr} names its layers but {other.attr} does not ({other.ids_problem}): they cannot be paired"
-    for c in (k, v):
-        if c.dict_order is not None and c.dict_order != tuple(sorted(c.dict_order)):
-            other = v if c is k else k
-            return (
-                f"{c.attr} is a dict whose layer names are not in its order, beside {other.attr} without "
-                f"layer names: which V belongs to which K is unknown; give both as dicts with the same layer names"
-            )
+    if len(k.tensors) == 1:
+        return None
+    if k.keyed != v.keyed or k.layer_ids != v.layer_ids:
+
+        def form(c: Container) -> str:
+            return "a list" if not c.keyed else "named layers" if c.layer_ids else "a dict of other names"
+
+        return (
+            f"{k.attr} is {form(k)} but {v.attr} is {form(v)}: which V belongs to which K is unknown; "
+            f"give both as lists in layer order, or both as dicts with the same layer names"
+        )
     if k.names is not None and v.names is not None and set(k.names) == set(v.names) and k.names != v.names:
         return f"{k.attr} and {v.attr} hold the same names in different orders: pairing them by position is wrong"
     return None

@@ -11,7 +11,7 @@ from hypothesis import event, given, note
 from flexkv_adapter import AdapterError, adapt
 
 from .strategies import Case, check_view, extent_mismatches, markers_next_to_attrs, pair_confusions, shuffled_dicts
-from .strategies_hostile import byte_buffers, raising_attributes, storage_less
+from .strategies_hostile import byte_buffers, check_split, raising_attributes, split_containers, storage_less
 
 
 def _holds(case: Case) -> None:
@@ -59,3 +59,16 @@ def test_tensors_without_storage(case):
 @given(byte_buffers())
 def test_byte_buffer_geometry(case):
     _holds(case)
+
+
+@given(split_containers())
+def test_separate_k_and_v_containers_pair_by_layer(case):
+    note(f"options={case.options} notes={case.notes} k={case.pool.k_buffer!r:.300} v={case.pool.v_buffer!r:.300}")
+    try:
+        view = adapt(case.pool, **case.options)
+    except AdapterError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert not case.must_succeed, f"refused two plain lists: {exc}"
+        return
+    event("adapted")
+    check_split(view, case)

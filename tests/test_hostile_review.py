@@ -123,3 +123,14 @@ def test_nested_tensors_are_refused(as_list):
     pool = SimpleNamespace(k_buffer=[nested] if as_list else nested, v_buffer=[nested] if as_list else nested)
     with pytest.raises(AdapterError, match="nested"):
         adapt(pool, page_size=PS)
+
+
+def test_one_layer_named_only_in_v_is_labelled_with_its_name():
+    pool = SimpleNamespace(k_buffer=[_k(0)], v_buffer={"model.layers.1.attn.v": _v(0)}, page_size=PS)
+    assert adapt(pool).layer_ids == [1]
+
+
+def test_one_layer_whose_k_and_v_names_differ_is_refused():
+    pool = SimpleNamespace(k_buffer={"layers.0": _k(0)}, v_buffer={"layers.1": _v(0)}, page_size=PS)
+    with pytest.raises(AdapterError, match="names layers"):
+        adapt(pool)
