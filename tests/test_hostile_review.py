@@ -134,3 +134,29 @@ def test_one_layer_whose_k_and_v_names_differ_is_refused():
     pool = SimpleNamespace(k_buffer={"layers.0": _k(0)}, v_buffer={"layers.1": _v(0)}, page_size=PS)
     with pytest.raises(AdapterError, match="names layers"):
         adapt(pool)
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        {1: (0, False), 4: (0, False), 0: (0, True), 2: (1, True), 3: (2, True)},  # two layers at index 0
+        {1: (0, False), 4: (3, False), 0: (0, True), 2: (1, True), 3: (2, True)},  # index 3 of a 2-layer pool
+    ],
+)
+def test_swa_mapping_whose_indices_do_not_enumerate_the_sub_pool_is_refused(mapping):
+    """Layer 4 was labelled as full_kv_pool's index 1 although the mapping put it at index 0 (or 3)."""
+    pool = _swa_without_model_ids()
+    pool.layers_mapping = mapping
+    with pytest.raises(AdapterError, match="layers_mapping"):
+        adapt(pool, hybrid="attention_only")
+
+
+@pytest.mark.parametrize("mapping", [{2: 0, 5: 0}, {2: 0, 5: 3}])
+def test_linear_hybrid_mapping_whose_indices_do_not_enumerate_the_sub_pool_is_refused(mapping):
+    from flexkv_adapter.samples import _hybrid_linear_pool
+
+    pool = _hybrid_linear_pool()
+    del pool.full_kv_pool.model_layer_ids
+    pool.full_attention_layer_id_mapping = mapping
+    with pytest.raises(AdapterError, match="full_attention_layer_id_mapping"):
+        adapt(pool, hybrid="attention_only")
