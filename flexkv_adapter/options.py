@@ -208,6 +208,13 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
             )
         facts[name] = value
         sources.append((name, origin))
+    stored = probe(pool, "store_dtype")
+    described = isinstance(logical, torch.dtype) and not isinstance(pool, torch.Tensor)  # a tensor's own dtype: no
+    if described and given.get("dtype", logical) not in (logical, stored):
+        raise InconsistentLayersError(
+            f"{type(pool).__name__}: option dtype={given['dtype']} contradicts pool.dtype={logical}"
+            f"{f' (store_dtype={stored})' if isinstance(stored, torch.dtype) else ''}; drop the option or fix the pool"
+        )
     facts.update(given)
     kind = facts.get("kind")
     axes: tuple[Axis, ...] | None = given.get("axes")

@@ -160,3 +160,18 @@ def test_linear_hybrid_mapping_whose_indices_do_not_enumerate_the_sub_pool_is_re
     pool.full_attention_layer_id_mapping = mapping
     with pytest.raises(AdapterError, match="full_attention_layer_id_mapping"):
         adapt(pool, hybrid="attention_only")
+
+
+def test_dtype_option_contradicting_pool_dtype_is_refused():
+    """bf16 bytes were exposed as float16 (same itemsize, so not even a warning)."""
+    ks, vs = [torch.zeros(N, H, D, dtype=torch.bfloat16)], [torch.zeros(N, H, D, dtype=torch.bfloat16)]
+    pool = SimpleNamespace(k_buffer=ks, v_buffer=vs, page_size=PS, dtype=torch.bfloat16)
+    with pytest.raises(AdapterError, match="pool.dtype"):
+        adapt(pool, dtype=torch.float16)
+
+
+def test_dtype_option_may_name_the_pool_dtype_or_its_store_dtype():
+    ks, vs = [torch.zeros(N, H, D, dtype=torch.uint8)], [torch.zeros(N, H, D, dtype=torch.uint8)]
+    pool = SimpleNamespace(k_buffer=ks, v_buffer=vs, page_size=PS, dtype=torch.float8_e4m3fn, store_dtype=torch.uint8)
+    assert adapt(pool, dtype=torch.float8_e4m3fn).dtype == torch.float8_e4m3fn
+    assert adapt(pool, dtype=torch.uint8).dtype == torch.uint8
