@@ -26,8 +26,9 @@ from .carve import (
     signature,
     trim_rows,
 )
-from .containers import Container, Located
-from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
+from .containers import Located
+from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
+from .labels import layer_ids_of
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
 from .plugins import plugin_spec
@@ -40,6 +41,7 @@ from .vllm_layout import is_vllm_dict
 from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
+_layer_ids = layer_ids_of  # flexkv.plan imports it under its old name
 
 _HYBRID_MARKERS = ("full_kv_pool", "swa_kv_pool", "mamba_pool", "main_pool", "unified_kv_pool", "c4_kv_pool")
 
@@ -209,50 +211,6 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
     )
 
 
-def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -> list[int]:
-    """Global layer ids, in the order of the views.
-
-    A dict's ``layer_ids=`` are given in the dict's order; when its names give ids too, the two
-    must agree. ``start_layer`` does not apply to a dict (its names, or ``layer_ids=``, give ids).
-    """
-    # the ids in names, from K or V (pairing_problem made sure that both give the same, or one none)
-    container: Container = next((c for c in located.containers if c.layer_ids), located.containers[0])
-    name = type(pool).__name__
-    if container.keyed and "start_layer" in geometry.given:
-        raise AdapterError(
-            f"{name}: start_layer= does not apply to a dict of layers: the names give the ids"
-            f"{f' {list(container.layer_ids)}' if container.layer_ids else ''}; pass layer_ids=[...] "
-            f"in the dict's order instead"
-        )
-    given = geometry.layer_ids
-    if given is not None and len(given) != count:
-        raise AdapterError(f"layer_ids has {len(given)} entries but the pool has {count} layers")
-    if given is not None and container.dict_order is not None:
-        given = tuple(given[i] for i in container.dict_order)  # the dict's order -> the views' order
-        if container.layer_ids is not None and given != container.layer_ids:
-            raise InconsistentLayersError(
-                f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
-                f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
-            )
-    if given is not None:
-        return list(given)
-    if container.ids_problem:
-        raise AmbiguousLayoutError(f"{name}: {container.ids_problem}")
-    if container.layer_ids is not None:
-        return list(container.layer_ids)
-    model_ids = probe(pool, "model_layer_ids")  # SGLang: global ids of this pool's layers
-    if isinstance(model_ids, (list, tuple, range)) and "start_layer" not in geometry.given:
-        ids = list(model_ids)
-        valid = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
-        if not valid or len(ids) != count or len(set(ids)) != count:
-            raise InconsistentLayersError(
-                f"{name}.model_layer_ids={model_ids!r:.200}: expected {count} distinct layer ids (integers), "
-                f"one per layer"
-            )
-        return ids
-    return list(range(geometry.start_layer, geometry.start_layer + count))
-
-
 def _page_size(pool: object, geometry: Geometry, interp: Interpretation, planes: Planes) -> int:
     if geometry.page_size is not None:
         return geometry.page_size
@@ -298,7 +256,7 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
     if copied:
         raise AdapterError(f"internal error: {copied} bytes of the views do not alias the pool; please report")
     count = len(first_list := next(iter(planes.values())))
-    layer_ids = _layer_ids(pool, located, count, geometry)
+    layer_ids = layer_ids_of(pool, located, count, geometry)
     warnings = overlapping_layers(planes)
     logical_dtype = None if isinstance(pool, torch.Tensor) else probe(pool, "dtype")
     stored = first_list[0]

@@ -175,3 +175,13 @@ def test_dtype_option_may_name_the_pool_dtype_or_its_store_dtype():
     pool = SimpleNamespace(k_buffer=ks, v_buffer=vs, page_size=PS, dtype=torch.float8_e4m3fn, store_dtype=torch.uint8)
     assert adapt(pool, dtype=torch.float8_e4m3fn).dtype == torch.float8_e4m3fn
     assert adapt(pool, dtype=torch.uint8).dtype == torch.uint8
+
+
+@pytest.mark.parametrize("options", [{"start_layer": 0}, {"layer_ids": [0, 1]}])
+def test_layer_options_contradicting_model_layer_ids_are_refused(options):
+    """start_layer=0 silently replaced model_layer_ids [4, 5] by [0, 1]."""
+    pool = SimpleNamespace(k_buffer=[_k(0), _k(1)], v_buffer=[_v(0), _v(1)], page_size=PS, model_layer_ids=[4, 5])
+    with pytest.raises(AdapterError, match="model_layer_ids"):
+        adapt(pool, **options)
+    agreeing = {"start_layer": 4} if "start_layer" in options else {"layer_ids": [4, 5]}
+    assert adapt(pool, **agreeing).layer_ids == [4, 5]
