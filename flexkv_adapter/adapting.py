@@ -28,7 +28,7 @@ from .carve import (
 )
 from .containers import Located
 from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
-from .labels import layer_ids_of
+from .labels import layer_ids_of, mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
 from .plugins import plugin_spec
@@ -99,7 +99,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))
         view = _adapt_plain(structure.primary, page_size, given, label)
-        view = hybrid.mapped_layer_ids(pool, structure, view, set(given))
+        view = mapped_layer_ids(pool, structure, view, set(given))
         groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
         return hybrid.apply_policy(view, pool, structure.family, groups, mode)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:
@@ -108,6 +108,8 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
     view = _adapt_plain(pool, page_size, given, label)
+    if given.get("attrs"):
+        view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
     wrappers = _hybrid_markers(pool) if given.get("attrs") else []
     if wrappers:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "

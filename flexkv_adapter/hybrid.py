@@ -254,30 +254,6 @@ def detect(pool: object) -> HybridStructure | None:
     return None
 
 
-def mapped_layer_ids(pool: object, structure: HybridStructure, view: PoolView, options: set[str]) -> PoolView:
-    """The view labelled with the wrapper's layer mapping (view and report alike).
-
-    ``layer_ids=``/``start_layer=`` or the sub-pool's own ``model_layer_ids`` must agree with it.
-    """
-    if structure.layer_ids is None:
-        return view
-    mapped, name = list(structure.layer_ids), type(pool).__name__
-    if len(mapped) != len(view.layer_ids):
-        raise InconsistentLayersError(
-            f"{name}: its layer mapping names {len(mapped)} attention layers "
-            f"{mapped} but {structure.primary_attr} holds {len(view.layer_ids)}"
-        )
-    explicit = sorted({"layer_ids", "start_layer"} & options)
-    if probe(structure.primary, "model_layer_ids") is not None:
-        explicit.append(f"{structure.primary_attr}.model_layer_ids")
-    if explicit and view.layer_ids != mapped:
-        raise InconsistentLayersError(
-            f"{name}: {', '.join(explicit)} give layers {view.layer_ids} but the wrapper's layer mapping puts "
-            f"{structure.primary_attr}'s layers at {mapped}; drop the option or fix the mapping"
-        )
-    return view.rebuild(layer_ids=mapped, report=replace(view.report, layer_ids=tuple(mapped)))
-
-
 def check_kind(pool: object, structure: HybridStructure, requested: str | None) -> None:
     """A requested kind every attention layer's backing pool must have (the seed's TypeError)."""
     if requested is None:
@@ -334,4 +310,4 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
 
 
 __all__ = ["HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect"]
-__all__ += ["mapped_layer_ids", "scale_groups"]
+__all__ += ["scale_groups"]

@@ -5,10 +5,15 @@ Each source that is present must agree with the others; a contradiction is an er
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
+from . import hybrid
 from .containers import Container, Located
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError
 from .layout import Geometry
-from .probe import probe
+from .probe import probe, probe_path
+from .views import PoolView
 
 
 def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry) -> list[int]:
@@ -36,7 +41,7 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
                 f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
                 f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
             )
-    model_ids = _model_layer_ids(pool, count)
+    model_ids = _model_layer_ids(attrs_owner(pool, geometry.attrs), count)
     if given is not None:
         _agree(name, f"layer_ids={list(given)}", list(given), model_ids)
         return list(given)
@@ -50,6 +55,13 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
             _agree(name, f"start_layer={start}", list(range(start, start + count)), model_ids)
         return model_ids
     return list(range(geometry.start_layer, geometry.start_layer + count))
+
+
+def attrs_owner(pool: object, attrs: tuple[str, ...] | None) -> object:
+    """The object holding the named attributes: ``pool.full_kv_pool`` for ``attrs=["full_kv_pool.k_buffer", ...]``."""
+    owners = {a.rpartition(".")[0] for a in attrs or ()}
+    owner = owners.pop() if len(owners) == 1 else ""
+    return probe_path(pool, owner) if owner else pool
 
 
 def _model_layer_ids(pool: object, count: int) -> list[int] | None:
@@ -73,3 +85,39 @@ def _agree(name: str, option: str, ids: list[int], model_ids: list[int] | None) 
             f"{name}: option {option} gives layers {ids} but {name}.model_layer_ids is {model_ids}; "
             f"drop the option or fix the pool"
         )
+
+
+def mapped_layer_ids(pool: object, structure: hybrid.HybridStructure, view: PoolView, options: set[str]) -> PoolView:
+    """The view labelled with the wrapper's layer mapping (view and report alike).
+
+    ``layer_ids=``/``start_layer=`` or the sub-pool's own ``model_layer_ids`` must agree with it.
+    """
+    if structure.layer_ids is None:
+        return view
+    mapped, name = list(structure.layer_ids), type(pool).__name__
+    if len(mapped) != len(view.layer_ids):
+        raise InconsistentLayersError(
+            f"{name}: its layer mapping names {len(mapped)} attention layers "
+            f"{mapped} but {structure.primary_attr} holds {len(view.layer_ids)}"
+        )
+    explicit = sorted({"layer_ids", "start_layer"} & options)
+    if probe(structure.primary, "model_layer_ids") is not None:
+        explicit.append(f"{structure.primary_attr}.model_layer_ids")
+    if explicit and view.layer_ids != mapped:
+        raise InconsistentLayersError(
+            f"{name}: {', '.join(explicit)} give layers {view.layer_ids} but the wrapper's layer mapping puts "
+            f"{structure.primary_attr}'s layers at {mapped}; drop the option or fix the mapping"
+        )
+    return view.rebuild(layer_ids=mapped, report=replace(view.report, layer_ids=tuple(mapped)))
+
+
+def named_sub_pool_ids(pool: object, attrs: Sequence[str], view: PoolView, options: set[str]) -> PoolView:
+    """Explicit attrs into one sub-pool of a hybrid wrapper: its layers' ids come from the wrapper's mapping."""
+    owners = {a.rpartition(".")[0] for a in attrs}
+    owner = owners.pop() if len(owners) == 1 else ""
+    structure = hybrid.detect(pool) if owner in ("full_kv_pool", "swa_kv_pool", "main_pool") else None
+    ids = tuple(g for g, attr, _ in structure.backing if attr == owner) if structure else ()
+    if structure is None or not ids:
+        return view
+    sub = replace(structure, primary_attr=owner, primary=probe(pool, owner), layer_ids=ids)
+    return mapped_layer_ids(pool, sub, view, options)

@@ -185,3 +185,18 @@ def test_layer_options_contradicting_model_layer_ids_are_refused(options):
         adapt(pool, **options)
     agreeing = {"start_layer": 4} if "start_layer" in options else {"layer_ids": [4, 5]}
     assert adapt(pool, **agreeing).layer_ids == [4, 5]
+
+
+@pytest.mark.parametrize("sub, ids", [("full_kv_pool", [1, 4]), ("swa_kv_pool", [0, 2, 3])])
+@pytest.mark.parametrize("own_ids", [True, False])
+def test_explicit_attrs_into_a_hybrid_sub_pool_take_its_layer_ids(sub, ids, own_ids):
+    """attrs=["full_kv_pool.k_buffer", ...] labelled layers 1 and 4 as 0 and 1."""
+    from flexkv_adapter.samples import _swa_pool
+
+    pool = _swa_pool()
+    if not own_ids:  # SGLang's sub-pools: only the wrapper's layers_mapping knows the ids
+        del pool.full_kv_pool.model_layer_ids, pool.swa_kv_pool.model_layer_ids
+    view = adapt(pool, attrs=[f"{sub}.k_buffer", f"{sub}.v_buffer"])
+    assert view.layer_ids == ids and list(view.report.layer_ids) == ids
+    with pytest.raises(AdapterError):
+        adapt(pool, attrs=[f"{sub}.k_buffer", f"{sub}.v_buffer"], layer_ids=list(range(len(ids))))
