@@ -191,8 +191,9 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
     if len(readings) == 1:
         return readings[0]
     distinct: dict[tuple[object, ...], tuple[Located, Interpretation, Planes]] = {}
-    for reading in readings:
-        distinct.setdefault(signature(reading[2]), reading)
+    for reading in readings:  # the same bytes under other layer names are another reading
+        named = next((c.layer_ids for c in reading[0].containers if c.layer_ids), None)
+        distinct.setdefault((signature(reading[2]), named), reading)
     if len(distinct) == 1:
         return readings[0]
     listed = []

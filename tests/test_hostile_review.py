@@ -200,3 +200,18 @@ def test_explicit_attrs_into_a_hybrid_sub_pool_take_its_layer_ids(sub, ids, own_
     assert view.layer_ids == ids and list(view.report.layer_ids) == ids
     with pytest.raises(AdapterError):
         adapt(pool, attrs=[f"{sub}.k_buffer", f"{sub}.v_buffer"], layer_ids=list(range(len(ids))))
+
+
+def test_two_attribute_families_with_the_same_bytes_but_other_layer_ids_are_ambiguous():
+    """k_buffer lists (ids 0, 1) and key_cache dicts naming layers 5, 6 were merged as one reading: ids 0, 1."""
+    ks, vs = [_k(0), _k(1)], [_v(0), _v(1)]
+    pool = SimpleNamespace(
+        k_buffer=ks,
+        v_buffer=vs,
+        key_cache={"layers.5": ks[0], "layers.6": ks[1]},
+        value_cache={"layers.5": vs[0], "layers.6": vs[1]},
+        page_size=PS,
+    )
+    with pytest.raises(AdapterError, match="readings"):
+        adapt(pool)
+    assert adapt(pool, attrs=["key_cache", "value_cache"]).layer_ids == [5, 6]
