@@ -228,3 +228,28 @@ def check_split(view: Any, case: Case) -> None:
             assert view.layer_ids[i] == case.layer_ids[j], f"view layer {i} is host layer {case.layer_ids[j]}"
         seen.append(j)
     assert sorted(seen) == list(range(len(ks))), "a layer was dropped or exposed twice"
+
+
+@st.composite
+def strided_tensors(draw: st.DrawFn) -> Case:
+    """One ``[L, 2, N, H, D]`` tensor made with ``as_strided`` over a small buffer: any strides, zero
+    (broadcast rows, heads or layers that alias the same bytes) and overlapping ones included.
+
+    ``expected`` is the logical region of each layer's K and V; a view that passes must hold it
+    where FlexKV reads it (``data_ptr + b * block_bytes``), not only through its strides.
+    """
+    shape = (draw(st.integers(1, 2)), 2, draw(st.integers(2, 4)), draw(st.integers(1, 2)), 2)
+    tight = [0] * 5
+    size = 1
+    for d in range(4, -1, -1):
+        tight[d], size = size, size * shape[d]
+    strides = [draw(st.sampled_from([tight[d], tight[d], 0, 1, 2, tight[d] // 2 or 1, tight[d] + 2])) for d in range(5)]
+    offset = draw(st.sampled_from([0, 2, 4]))
+    span = offset + sum((s - 1) * st_ for s, st_ in zip(shape, strides)) + 1
+    base = distinct((span,), DTYPE)
+    t = base.as_strided(shape, strides, offset)
+    layers = shape[0]
+    expected = {"k": [t[i, 0] for i in range(layers)], "v": [t[i, 1] for i in range(layers)]}
+    page = draw(st.sampled_from([1, 2]))
+    options: dict[str, Any] = {"page_size": page, "axes": "L KV N H D"}
+    return Case(t, options, expected, [base], notes={"strides": strides, "offset": offset})
