@@ -124,8 +124,8 @@ def pairing_problem(k: Container, v: Container) -> str | None:
     """Why separate K and V containers cannot be paired layer by layer, or None.
 
     Named layers pair by their ids; otherwise by position, which only means the same layer when
-    both are lists, or dicts of other names given in one order: a list beside a dict (sorted by
-    its names, or in its own order?) or one set of keys in two orders is a guess.
+    both are lists, or dicts with the same keys in the same order: a list beside a dict (sorted by
+    its names, or in its own order?) or two dicts of different keys is a guess.
     """
     if k.layer_ids is not None and v.layer_ids is not None:
         if k.layer_ids == v.layer_ids:
@@ -142,8 +142,11 @@ def pairing_problem(k: Container, v: Container) -> str | None:
             f"{k.attr} is {form(k)} but {v.attr} is {form(v)}: which V belongs to which K is unknown; "
             f"give both as lists in layer order, or both as dicts with the same layer names"
         )
-    if k.names is not None and v.names is not None and set(k.names) == set(v.names) and k.names != v.names:
-        return f"{k.attr} and {v.attr} hold the same names in different orders: pairing them by position is wrong"
+    if k.names != v.names:  # two dicts without layer ids: only the same keys, in the same order, pair up
+        return (
+            f"{k.attr} and {v.attr} are dicts whose names give no layer ids and differ (or differ in order): "
+            f"which V belongs to which K is unknown; use the same keys in both, or names with one layer index"
+        )
     return None
 
 

@@ -199,9 +199,10 @@ def split_containers(draw: st.DrawFn) -> Case:
             value: Any = {f"model.layers.{ids[j]}.attn.{plane}": ts[j] for j in order}
         elif form == "list":
             value = [ts[j] for j in positional]
-        else:
-            prefix = "" if form == "shared-names" else f"{plane}."
-            value = {f"{prefix}blk{chr(97 + j)}": ts[j] for j in positional}
+        elif form == "shared-names":
+            value = {f"blk{chr(97 + j)}": ts[j] for j in positional}
+        else:  # names without a layer index, in an order of their own: position says nothing
+            value = {f"{plane}.blk{chr(97 + j)}": ts[j] for j in draw(st.permutations(range(n)))}
         containers.append(value)
     pool = SimpleNamespace(k_buffer=containers[0], v_buffer=containers[1], page_size=page)
     options: dict[str, Any] = {}

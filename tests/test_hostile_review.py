@@ -215,3 +215,17 @@ def test_two_attribute_families_with_the_same_bytes_but_other_layer_ids_are_ambi
     with pytest.raises(AdapterError, match="readings"):
         adapt(pool)
     assert adapt(pool, attrs=["key_cache", "value_cache"]).layer_ids == [5, 6]
+
+
+def test_two_dicts_whose_names_give_no_layer_ids_pair_only_with_the_same_keys():
+    """Names with two integers give no id; the dicts' orders differed and K of layer 1 sat beside V of layer 0."""
+    pool = SimpleNamespace(
+        k_buffer={"m.layers.1.k.0": _k(1), "m.layers.0.k.0": _k(0)},
+        v_buffer={"m.layers.0.v.0": _v(0), "m.layers.1.v.0": _v(1)},
+        page_size=PS,
+    )
+    with pytest.raises(AdapterError, match="k_buffer"):
+        adapt(pool, layer_ids=[1, 0])
+    same = SimpleNamespace(k_buffer={"a": _k(1), "b": _k(0)}, v_buffer={"a": _v(1), "b": _v(0)}, page_size=PS)
+    view = adapt(same, layer_ids=[1, 0])
+    assert view.layer_ids == [1, 0] and view.v_buffer[0].data_ptr() == same.v_buffer["a"].data_ptr()
