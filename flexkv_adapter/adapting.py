@@ -26,8 +26,9 @@ from .carve import (
     signature,
     trim_rows,
 )
-from .containers import Container, Located
-from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
+from .containers import Located
+from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
+from .labels import layer_ids_of, mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
 from .plugins import plugin_spec
@@ -40,6 +41,7 @@ from .vllm_layout import is_vllm_dict
 from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
+_layer_ids = layer_ids_of  # flexkv.plan imports it under its old name
 
 _HYBRID_MARKERS = ("full_kv_pool", "swa_kv_pool", "mamba_pool", "main_pool", "unified_kv_pool", "c4_kv_pool")
 
@@ -97,13 +99,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     if structure is not None:
         hybrid.check_kind(pool, structure, given.get("kind"))
         view = _adapt_plain(structure.primary, page_size, given, label)
-        if structure.layer_ids is not None:
-            if len(structure.layer_ids) != len(view.layer_ids):
-                raise InconsistentLayersError(
-                    f"{type(pool).__name__}: its layer mapping names {len(structure.layer_ids)} attention layers "
-                    f"{list(structure.layer_ids)} but {structure.primary_attr} holds {len(view.layer_ids)}"
-                )
-            view = view.rebuild(layer_ids=list(structure.layer_ids))
+        view = mapped_layer_ids(pool, structure, view, set(given))
         groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
         return hybrid.apply_policy(view, pool, structure.family, groups, mode)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:
@@ -112,6 +108,8 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
     view = _adapt_plain(pool, page_size, given, label)
+    if given.get("attrs"):
+        view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
     wrappers = _hybrid_markers(pool) if given.get("attrs") else []
     if wrappers:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
@@ -193,8 +191,9 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
     if len(readings) == 1:
         return readings[0]
     distinct: dict[tuple[object, ...], tuple[Located, Interpretation, Planes]] = {}
-    for reading in readings:
-        distinct.setdefault(signature(reading[2]), reading)
+    for reading in readings:  # the same bytes under other layer names are another reading
+        named = next((c.layer_ids for c in reading[0].containers if c.layer_ids), None)
+        distinct.setdefault((signature(reading[2]), named), reading)
     if len(distinct) == 1:
         return readings[0]
     listed = []
@@ -215,44 +214,6 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
     )
 
 
-def _layer_ids(pool: object, located: Located, count: int, geometry: Geometry) -> list[int]:
-    """Global layer ids, in the order of the views.
-
-    A dict's ``layer_ids=`` are given in the dict's order; when its names give ids too, the two
-    must agree. ``start_layer`` does not apply to a dict (its names, or ``layer_ids=``, give ids).
-    """
-    container: Container = located.containers[0]
-    name = type(pool).__name__
-    if container.keyed and "start_layer" in geometry.given:
-        raise AdapterError(
-            f"{name}: start_layer= does not apply to a dict of layers: the names give the ids"
-            f"{f' {list(container.layer_ids)}' if container.layer_ids else ''}; pass layer_ids=[...] "
-            f"in the dict's order instead"
-        )
-    given = geometry.layer_ids
-    if given is not None and len(given) != count:
-        raise AdapterError(f"layer_ids has {len(given)} entries but the pool has {count} layers")
-    if given is not None and container.dict_order is not None:
-        given = tuple(given[i] for i in container.dict_order)  # the dict's order -> the views' order
-        if container.layer_ids is not None and given != container.layer_ids:
-            raise InconsistentLayersError(
-                f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
-                f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
-            )
-    if given is not None:
-        return list(given)
-    if container.ids_problem:
-        raise AmbiguousLayoutError(f"{name}: {container.ids_problem}")
-    if container.layer_ids is not None:
-        return list(container.layer_ids)
-    model_ids = probe(pool, "model_layer_ids")  # SGLang: global ids of this pool's layers
-    if isinstance(model_ids, (list, tuple)) and len(model_ids) == count and "start_layer" not in geometry.given:
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in model_ids):
-            raise InconsistentLayersError(f"{name}.model_layer_ids={model_ids!r:.200}: expected layer ids (integers)")
-        return list(model_ids)
-    return list(range(geometry.start_layer, geometry.start_layer + count))
-
-
 def _page_size(pool: object, geometry: Geometry, interp: Interpretation, planes: Planes) -> int:
     if geometry.page_size is not None:
         return geometry.page_size
@@ -268,12 +229,12 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
     attrs = located.attrs
     page_size = _page_size(pool, geometry, interp, logical)
     planes = flat_views(logical, interp, pool, attrs)
+    check_consistent(planes, pool, attrs)  # as stored: dtype= must not make fp16 and bf16 layers look alike
     if geometry.dtype is not None:
         try:
             planes = reinterpret(planes, geometry.dtype)
         except RuntimeError as exc:
             raise AdapterError(f"{type(pool).__name__}: cannot view the KV bytes as {geometry.dtype}: {exc}") from None
-    check_consistent(planes, pool, attrs)
     first = next(iter(planes.values()))[0]
     rows = first.shape[0]
     if rows < page_size:
@@ -298,7 +259,7 @@ def _build(pool: object, located: Located, interp: Interpretation, logical: Plan
     if copied:
         raise AdapterError(f"internal error: {copied} bytes of the views do not alias the pool; please report")
     count = len(first_list := next(iter(planes.values())))
-    layer_ids = _layer_ids(pool, located, count, geometry)
+    layer_ids = layer_ids_of(pool, located, count, geometry)
     warnings = overlapping_layers(planes)
     logical_dtype = None if isinstance(pool, torch.Tensor) else probe(pool, "dtype")
     stored = first_list[0]

@@ -33,6 +33,7 @@ class Container:
     layer_ids: tuple[int, ...] | None = None  # from dict names, in the (sorted) order of ``tensors``
     ids_problem: str | None = None
     dict_order: tuple[int, ...] | None = None  # a dict's entries: each tensor's position in the dict
+    names: tuple[str, ...] | None = None  # a dict's keys, in the order of ``tensors``
 
     @property
     def keyed(self) -> bool:
@@ -101,7 +102,8 @@ def make_container(attr: str, value: object) -> Container | str:
                 f"{attr}: cannot take one distinct layer index from each name {names}"
                 f"{'...' if len(items) > 4 else ''}; pass layer_ids=[...] in the dict's order"
             )
-            return Container(attr, tuple(t for _, t in items), True, None, problem, tuple(range(len(items))))
+            keys = tuple(str(k) for k, _ in items)
+            return Container(attr, tuple(t for _, t in items), True, None, problem, tuple(range(len(items))), keys)
         order = sorted(range(len(items)), key=lambda i: ids[i])  # type: ignore[arg-type,return-value]
         return Container(
             attr,
@@ -109,12 +111,43 @@ def make_container(attr: str, value: object) -> Container | str:
             True,
             tuple(ids[i] for i in order),  # type: ignore[misc]
             dict_order=tuple(order),
+            names=tuple(str(items[i][0]) for i in order),
         )
     if isinstance(value, (list, tuple)):
         if not value or not all(isinstance(t, torch.Tensor) for t in value):
             return f"{attr} is a {type(value).__name__} but not a non-empty sequence of tensors"
         return _storage_problem(attr, value) or Container(attr, tuple(value), is_sequence=True)
     return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
+
+
+def pairing_problem(k: Container, v: Container) -> str | None:
+    """Why separate K and V containers cannot be paired layer by layer, or None.
+
+    Named layers pair by their ids; otherwise by position, which only means the same layer when
+    both are lists, or dicts with the same keys in the same order: a list beside a dict (sorted by
+    its names, or in its own order?) or two dicts of different keys is a guess.
+    """
+    if k.layer_ids is not None and v.layer_ids is not None:
+        if k.layer_ids == v.layer_ids:
+            return None
+        return f"{k.attr} names layers {list(k.layer_ids)} but {v.attr} names {list(v.layer_ids)}"
+    if len(k.tensors) == 1:
+        return None
+    if k.keyed != v.keyed or k.layer_ids != v.layer_ids:
+
+        def form(c: Container) -> str:
+            return "a list" if not c.keyed else "named layers" if c.layer_ids else "a dict of other names"
+
+        return (
+            f"{k.attr} is {form(k)} but {v.attr} is {form(v)}: which V belongs to which K is unknown; "
+            f"give both as lists in layer order, or both as dicts with the same layer names"
+        )
+    if k.names != v.names:  # two dicts without layer ids: only the same keys, in the same order, pair up
+        return (
+            f"{k.attr} and {v.attr} are dicts whose names give no layer ids and differ (or differ in order): "
+            f"which V belongs to which K is unknown; use the same keys in both, or names with one layer index"
+        )
+    return None
 
 
 def locate_sequence(pool: Sequence[object]) -> tuple[list[Located], list[str]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -109,9 +109,16 @@ def _bad_metadata(owner: object, attr: str, value: object, expected: str) -> Inc
 def _inverse(owner: object, attr: str, mapping: Mapping[object, object]) -> tuple[int, ...]:
     """Global layer ids in sub-pool order, from ``{global id: index in the sub-pool}``."""
     items = [(int(i), int(g)) for g, i in mapping.items() if _is_id(g) and _is_id(i)]  # type: ignore[call-overload]
-    if len(items) != len(mapping):
-        raise _bad_metadata(owner, attr, mapping, "a dict of global layer id -> index in the sub-pool (integers)")
+    if len(items) != len(mapping) or not _enumerates(i for i, _ in items):
+        expected = "a dict of global layer id -> index in the sub-pool (each index 0..n-1 once)"
+        raise _bad_metadata(owner, attr, mapping, expected)
     return tuple(g for _, g in sorted(items))
+
+
+def _enumerates(indices: Iterable[int]) -> bool:
+    """The sub-pool indices are 0..n-1, each once: otherwise a layer would be labelled with another's id."""
+    ordered = sorted(indices)
+    return ordered == list(range(len(ordered)))
 
 
 def _swa_ids(pool: object, mapping: Mapping[object, object]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -129,6 +136,9 @@ def _swa_ids(pool: object, mapping: Mapping[object, object]) -> tuple[tuple[int,
             raise _bad_metadata(pool, "layers_mapping", mapping, expected)
         entries.append((int(value[0]), int(g), bool(value[1])))  # type: ignore[call-overload]
     entries.sort()
+    for swa in (False, True):
+        if not _enumerates(i for i, _, s in entries if s is swa):
+            raise _bad_metadata(pool, "layers_mapping", mapping, "each sub-pool's indices 0..n-1, once each")
     return tuple(g for _, g, swa in entries if not swa), tuple(g for _, g, swa in entries if swa)
 
 
@@ -179,23 +189,9 @@ def _mamba_groups(mamba: object) -> list[SideGroup]:
         tensors = _tensor_list(value)
         if not tensors:
             continue
-        if isinstance(value, (list, tuple)):
-            groups += [
-                SideGroup(
-                    f"mamba.{field}[{i}]", (t,), ids, "mamba_slot", "linear-attention state, one row per request slot"
-                )
-                for i, t in enumerate(tensors)
-            ]
-        else:
-            groups.append(
-                SideGroup(
-                    f"mamba.{field}",
-                    (value,),
-                    ids,
-                    "mamba_slot",  # type: ignore[arg-type]
-                    "linear-attention state, one row per request slot",
-                )
-            )
+        named = [(f"mamba.{field}[{i}]", t) for i, t in enumerate(tensors)]
+        for name, t in named if isinstance(value, (list, tuple)) else [(f"mamba.{field}", tensors[0])]:
+            groups.append(SideGroup(name, (t,), ids, "mamba_slot", "linear-attention state, one row per request slot"))
     return groups or unknown
 
 
@@ -313,4 +309,5 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
     return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
 
 
-__all__ = ["HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect", "scale_groups"]
+__all__ = ["HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect"]
+__all__ += ["scale_groups"]

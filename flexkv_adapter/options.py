@@ -50,6 +50,7 @@ class AdaptOptions(TypedDict, total=False):
 
 KNOWN_OPTIONS = frozenset(AdaptOptions.__annotations__)
 _POOL_INTS = ("layer_num", "head_num", "head_dim", "v_head_dim", "page_size", "start_layer")
+_POOL_MINIMUM = {"page_size": 1, "start_layer": 0}  # pool metadata that is used, not only matched
 _MAX_EXTENT = 1 << 40  # no real dimension, layer id or byte offset comes near it
 
 
@@ -195,6 +196,11 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
     for name, (value, origin) in pool_facts.items():
         if value is None:
             continue
+        if value < _POOL_MINIMUM.get(name, value):  # a 0 page size would divide by zero, a negative one trim up
+            raise InconsistentLayersError(
+                f"{type(pool).__name__}: {origin}={value} is out of range (must be >= {_POOL_MINIMUM[name]}); "
+                f"fix the pool metadata"
+            )
         if name in given and given[name] != value:
             raise InconsistentLayersError(
                 f"{type(pool).__name__}: option {name}={given[name]!r} contradicts {origin}={value}; "
@@ -202,6 +208,13 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
             )
         facts[name] = value
         sources.append((name, origin))
+    stored = probe(pool, "store_dtype")
+    described = isinstance(logical, torch.dtype) and not isinstance(pool, torch.Tensor)  # a tensor's own dtype: no
+    if described and given.get("dtype", logical) not in (logical, stored):
+        raise InconsistentLayersError(
+            f"{type(pool).__name__}: option dtype={given['dtype']} contradicts pool.dtype={logical}"
+            f"{f' (store_dtype={stored})' if isinstance(stored, torch.dtype) else ''}; drop the option or fix the pool"
+        )
     facts.update(given)
     kind = facts.get("kind")
     axes: tuple[Axis, ...] | None = given.get("axes")

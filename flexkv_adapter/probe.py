@@ -49,8 +49,10 @@ def probe_int(obj: object, name: str) -> int | None:
 def storage_problem(t: torch.Tensor) -> str | None:
     """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse, empty), or None if it has."""
     plain = type(t) in _PLAIN
-    if plain and t.layout is torch.strided and not t.is_meta and t.numel():
+    if plain and t.layout is torch.strided and not t.is_meta and not t.is_nested and t.numel():
         return None  # the common case: a dense tensor with memory behind it
+    if t.is_nested:  # strided nested tensors have no sizes: .shape raises
+        return "is a nested tensor; FlexKV copies dense tensors of one shape"
     if t.layout is not torch.strided:
         return f"is a {str(t.layout).removeprefix('torch.')} tensor; FlexKV copies dense (strided) memory"
     if t.is_meta:

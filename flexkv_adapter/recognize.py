@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .axes import Axis, format_axes, parse_axes
-from .containers import BOTH, MHA, MLA, SELF, Container, Located, locate_sequence, make_container
+from .containers import BOTH, MHA, MLA, SELF, Container, Located, locate_sequence, make_container, pairing_problem
 from .errors import AdapterError
 from .layout import Geometry, Interpretation, Plane, ViewKind
 from .probe import probe_path
@@ -228,6 +228,8 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
     if located.split and len(located.containers[0].tensors) != len(located.containers[1].tensors):
         k, v = located.containers
         return f"{k.attr} has {len(k.tensors)} entries but {v.attr} has {len(v.tensors)}"
+    if located.split and (why := pairing_problem(*located.containers)):
+        return why
     counts: list[tuple[str, int]] = []
     for plane, container, _ in plane_sources(located, interp):
         if container.is_sequence != interp.per_layer and not (interp.per_layer and len(container.tensors) == 1):

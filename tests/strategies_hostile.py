@@ -172,3 +172,85 @@ def _byte_expected(
     expected = {"k": [arr[i, 0] for i in range(layers)], "v": [arr[i, 1] for i in range(layers)]}
     must = aligned_regions(expected, page) and page * dims[3] * dims[4] * item % 8 == 0 and rows >= page
     return expected, must
+
+
+@st.composite
+def split_containers(draw: st.DrawFn) -> Case:
+    """Separate K and V given as lists, dicts named by layer, or dicts of other names, in shuffled orders.
+
+    The truth is the host's: layer ``ids[j]`` owns ``ks[j]`` and ``vs[j]``. A list (or a dict whose
+    names carry no layer) lists layers in ascending order or in the order of the K dict, as its host
+    believed; adapt() cannot tell which, so it must pair by names or refuse. ``expected`` is in
+    ascending id order; :func:`check_split` holds a view to the truth whatever order it chose.
+    """
+    n = draw(st.integers(1, 3))
+    ids = sorted(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n, unique=True)))
+    heads, dim, page = draw(st.integers(1, 2)), draw(st.sampled_from([2, 4])), draw(st.sampled_from([2, 4]))
+    rows = page * draw(st.integers(1, 2)) + draw(st.integers(0, 1))
+    ks = [distinct((rows, heads, dim), DTYPE, 1000 * j) for j in range(n)]
+    vs = [distinct((rows, heads, dim), DTYPE, 1000 * j + 500) for j in range(n)]
+    perm = draw(st.permutations(range(n)))  # a named K dict's insertion order
+    positional = draw(st.sampled_from([list(range(n)), list(perm)]))  # lists and other-name dicts share one order
+    forms = [draw(st.sampled_from(["named", "list", "other-names", "shared-names"])) for _ in "kv"]
+    containers, k_order = [], list(perm if forms[0] == "named" else positional)
+    for plane, ts, form in (("k", ks, forms[0]), ("v", vs, forms[1])):
+        if form == "named":
+            order = perm if plane == "k" else draw(st.permutations(range(n)))
+            value: Any = {f"model.layers.{ids[j]}.attn.{plane}": ts[j] for j in order}
+        elif form == "list":
+            value = [ts[j] for j in positional]
+        elif form == "shared-names":
+            value = {f"blk{chr(97 + j)}": ts[j] for j in positional}
+        else:  # names without a layer index, in an order of their own: position says nothing
+            value = {f"{plane}.blk{chr(97 + j)}": ts[j] for j in draw(st.permutations(range(n)))}
+        containers.append(value)
+    pool = SimpleNamespace(k_buffer=containers[0], v_buffer=containers[1], page_size=page)
+    options: dict[str, Any] = {}
+    if draw(st.booleans()):  # the true ids, in the K container's order
+        options["layer_ids"] = [ids[j] for j in k_order]
+    must = forms == ["list", "list"] and rows >= page
+    expected = {"k": ks, "v": vs}
+    return Case(pool, options, expected, [*ks, *vs], must, ids, notes={"k_order": k_order})
+
+
+def check_split(view: Any, case: Case) -> None:
+    """Each exposed layer is one host layer: its K and V, labelled with its id where ids are known."""
+    assert case.expected is not None and case.layer_ids is not None
+    ks, vs = case.expected["k"], case.expected["v"]
+    named = "layer_ids" in case.options or any(
+        isinstance(c, dict) and "layers" in next(iter(c)) for c in (case.pool.k_buffer, case.pool.v_buffer)
+    )
+    seen = []
+    for i, (k, v) in enumerate(zip(view.k_buffer, view.v_buffer)):
+        j = next(j for j, t in enumerate(ks) if t.data_ptr() == k.data_ptr())
+        assert v.data_ptr() == vs[j].data_ptr(), f"view layer {i}: K of host layer {j} beside another layer's V"
+        assert torch.equal(k, ks[j][: k.shape[0]]) and torch.equal(v, vs[j][: v.shape[0]])
+        if named:
+            assert view.layer_ids[i] == case.layer_ids[j], f"view layer {i} is host layer {case.layer_ids[j]}"
+        seen.append(j)
+    assert sorted(seen) == list(range(len(ks))), "a layer was dropped or exposed twice"
+
+
+@st.composite
+def strided_tensors(draw: st.DrawFn) -> Case:
+    """One ``[L, 2, N, H, D]`` tensor made with ``as_strided`` over a small buffer: any strides, zero
+    (broadcast rows, heads or layers that alias the same bytes) and overlapping ones included.
+
+    ``expected`` is the logical region of each layer's K and V; a view that passes must hold it
+    where FlexKV reads it (``data_ptr + b * block_bytes``), not only through its strides.
+    """
+    shape = (draw(st.integers(1, 2)), 2, draw(st.integers(2, 4)), draw(st.integers(1, 2)), 2)
+    tight = [0] * 5
+    size = 1
+    for d in range(4, -1, -1):
+        tight[d], size = size, size * shape[d]
+    strides = [draw(st.sampled_from([tight[d], tight[d], 0, 1, 2, tight[d] // 2 or 1, tight[d] + 2])) for d in range(5)]
+    offset = draw(st.sampled_from([0, 2, 4]))
+    span = offset + sum((s - 1) * st_ for s, st_ in zip(shape, strides)) + 1
+    base = distinct((span,), DTYPE)
+    t = base.as_strided(shape, strides, offset)
+    layers = shape[0]
+    expected = {"k": [t[i, 0] for i in range(layers)], "v": [t[i, 1] for i in range(layers)]}
+    page = draw(st.sampled_from([1, 2]))
+    options: dict[str, Any] = {"page_size": page, "axes": "L KV N H D"}
+    return Case(t, options, expected, [base], notes={"strides": strides, "offset": offset})

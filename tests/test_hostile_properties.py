@@ -10,8 +10,16 @@ from hypothesis import event, given, note
 
 from flexkv_adapter import AdapterError, adapt
 
+from .helpers import flexkv_block_bytes, region_bytes
 from .strategies import Case, check_view, extent_mismatches, markers_next_to_attrs, pair_confusions, shuffled_dicts
-from .strategies_hostile import byte_buffers, raising_attributes, storage_less
+from .strategies_hostile import (
+    byte_buffers,
+    check_split,
+    raising_attributes,
+    split_containers,
+    storage_less,
+    strided_tensors,
+)
 
 
 def _holds(case: Case) -> None:
@@ -59,3 +67,33 @@ def test_tensors_without_storage(case):
 @given(byte_buffers())
 def test_byte_buffer_geometry(case):
     _holds(case)
+
+
+@given(split_containers())
+def test_separate_k_and_v_containers_pair_by_layer(case):
+    note(f"options={case.options} notes={case.notes} k={case.pool.k_buffer!r:.300} v={case.pool.v_buffer!r:.300}")
+    try:
+        view = adapt(case.pool, **case.options)
+    except AdapterError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert not case.must_succeed, f"refused two plain lists: {exc}"
+        return
+    event("adapted")
+    check_split(view, case)
+
+
+@given(strided_tensors())
+def test_any_strides_read_right_where_flexkv_reads(case):
+    note(f"shape={tuple(case.pool.shape)} notes={case.notes}")
+    try:
+        view = adapt(case.pool, **case.options)
+    except AdapterError as exc:
+        event(f"refused: {type(exc).__name__}")
+        return
+    event("adapted")
+    page = view.page_size
+    for plane, regions in case.expected.items():
+        for got, region in zip(getattr(view, f"{plane}_buffer"), regions):
+            for block in range(view.num_blocks):
+                rows = region[block * page : (block + 1) * page]
+                assert flexkv_block_bytes(got, block, page) == region_bytes(rows), (plane, block)
