@@ -70,7 +70,7 @@ def is_vllm_dict(obj: object) -> bool:
         raise UnsupportedPoolError(
             f"{type(obj).__name__} is a mapping whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
         ) from None
-    main = [t for n, t in items if not str(n).endswith(INDEXER_SUFFIX)]
+    main = [t for n, t in items if not (isinstance(n, str) and n.endswith(INDEXER_SUFFIX))]
     if not main or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in main):
         return False
     if any(storage_problem(t) for t in main):

@@ -259,3 +259,17 @@ def test_separate_k_and_v_entries_of_one_buffer_are_not_read_as_layers():
     for options in ({}, {"kind": "mha"}, {"kind": "mla", "page_size": 4}):
         with pytest.raises(InconsistentLayersError, match=r"repeat layer index \[0, 1\]"):
             plan(kv, **options)
+
+
+def test_a_key_whose_str_raises_is_an_adapter_error():
+    class Key:
+        def __str__(self):
+            raise RuntimeError("no name")
+
+        __repr__ = object.__repr__
+
+    kv = list(views("LBNHC", 2, 3, 1, 4, 8).values())
+    with pytest.raises(AdapterError):
+        adapt({Key(): kv[0], Key(): kv[1]}, page_size=4, kind="mla")
+    with pytest.raises(AdapterError):
+        plan({Key(): kv[0], Key(): kv[1]}, page_size=4, kind="mla")
