@@ -165,6 +165,21 @@ def test_a_restarted_master_is_not_served_by_the_stale_remote(tmp_path, master_f
     assert not restarted.config_sent.is_set() and remote.orphans() == []
 
 
+def test_a_master_restart_between_handshake_and_ready_is_final_too(tmp_path, master_for):
+    """The config is bound to the master that sent it: a restart while GPUs register must not
+    leave a remote that later answers ready to a master whose config it ignores."""
+    remote = Remote(tmp_path, master_lost=30, probe_interval=5)
+    first = master_for(remote, gpus=1)
+    remote.wait_state("waiting_for_gpus")
+    first.close()
+    master_for(remote, gpus=1)  # same ports at once
+    started = time.monotonic()
+    code, _, err = remote.finish()
+    assert code == ExitCode.MASTER_LOST, err
+    assert "in waiting_for_gpus" in error_line(err) and "connection closed" in error_line(err)
+    assert time.monotonic() - started < 6 and remote.orphans() == []
+
+
 def test_the_gpu_deadline_names_the_register_port_bound_from_the_masters_config(tmp_path, master_for):
     remote = Remote(tmp_path, gpu_timeout=1)
     node0_port = f"ipc://{remote.ipc}/node0_gpu_register"  # node 0's FLEXKV_SERVER_RECV_PORT differs
