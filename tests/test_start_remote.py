@@ -306,8 +306,18 @@ def test_dry_run_validates_preflights_and_prints_the_plan(tmp_path, master_for):
             "taco-project/FlexKV",
         ),
         (["--nnodes", "2", "--node-rank", "1"], None, ExitCode.SETTINGS, "master_host is unset"),
+        (["--nnodes", "2", "--node-rank", "1", "--master-host", "[fd00::1]"], None, ExitCode.SETTINGS, "IPv6"),
     ],
-    ids=["node-rank-0", "loopback", "duplicate-ports", "invalid-port", "bad-rank", "flexkv-missing", "no-master"],
+    ids=[
+        "node-rank-0",
+        "loopback",
+        "duplicate-ports",
+        "invalid-port",
+        "bad-rank",
+        "flexkv-missing",
+        "no-master",
+        "ipv6-master",
+    ],
 )
 def test_refusals_have_one_line_errors_and_distinct_statuses(tmp_path, argv, env, code, message):
     got, line = run_once("--lock-dir", str(tmp_path), *argv, env=env)
