@@ -91,6 +91,13 @@ def test_an_unusable_lock_dir_exits_8_with_one_line(tmp_path, kind):
     assert code == ExitCode.LOCAL_FILES and str(lock_dir) in line, line
 
 
+@pytest.mark.parametrize("option", ["lock_dir", "ready_file"])
+def test_a_lock_dir_or_ready_file_path_too_long_for_the_kernel_exits_8(tmp_path, option):
+    too_long = tmp_path / ("x" * 300) / "ready.json"  # a name over NAME_MAX: ENAMETOOLONG, not "missing"
+    code, line = startup(tmp_path, **{option: too_long if option == "ready_file" else too_long.parent})
+    assert code == ExitCode.LOCAL_FILES and "File name too long" in line and "Traceback" not in line, line
+
+
 def test_the_default_lock_dir_is_private(tmp_path, monkeypatch):
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)

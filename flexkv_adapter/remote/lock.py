@@ -50,9 +50,17 @@ def prepare_lock_dir(configured: Path | None) -> Path:
                 f"others (someone else may have made it); remove it or set lock_dir"
             )
         return path
-    if not configured.exists():
-        raise _fail(f"lock_dir {configured} does not exist; create it or set lock_dir to an existing directory")
-    if not configured.is_dir():
+    try:
+        st = os.stat(configured)
+    except FileNotFoundError:
+        raise _fail(
+            f"lock_dir {configured} does not exist; create it or set lock_dir to an existing directory"
+        ) from None
+    except OSError as exc:  # a name too long, a loop of links, a component that is a file
+        raise _fail(
+            f"lock_dir {configured} is unusable ({exc.strerror}); set lock_dir to an existing directory"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
         raise _fail(f"lock_dir {configured} is not a directory")
     return configured
 
