@@ -262,6 +262,10 @@ def test_a_second_instance_for_the_same_master_is_refused_however_the_host_is_sp
     second = Remote(tmp_path, ports=first.ports, master_host="localhost")
     code, _, err = second.finish()
     assert code == ExitCode.ALREADY_RUNNING and f"pid {first.proc.pid}" in err
+    (tmp_path / "elsewhere").mkdir()  # another lock dir: a unit without XDG_RUNTIME_DIR next to a login shell
+    third = Remote(tmp_path / "elsewhere", ports=first.ports)
+    code, _, err = third.finish()
+    assert code == ExitCode.ALREADY_RUNNING and f"pid {first.proc.pid}" in err
     assert first.stop()[0] == ExitCode.OK
 
 
