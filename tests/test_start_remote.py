@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import time
 
@@ -110,6 +111,21 @@ def test_a_stop_signal_in_every_state_exits_0_within_grace_without_descendants(t
     states = remote.states(err)
     assert states[-1] == "shutting_down" or state == "waiting_for_master"
     assert_forward(states)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_the_whole_process_group_still_lets_the_workers_unpin(tmp_path, master_for, sig):
+    """A closed terminal or ``kill -HUP -- -pgid`` reaches FlexKV's workers too: they handle only
+    SIGTERM (and ignore SIGINT), so SIGHUP killed them (and the resource tracker) mid-flight."""
+    remote = Remote(tmp_path, new_session=True)
+    to_ready(remote, master_for)
+    os.killpg(remote.proc.pid, sig)
+    code, _, err = remote.finish()
+    assert code == ExitCode.OK and "Traceback" not in err, err
+    assert sorted(r["how"] for r in remote.recorded() if "how" in r) == 2 * [
+        "sentinel" if sig == signal.SIGHUP else "sigterm"
+    ]
+    assert remote.orphans() == []
 
 
 def test_a_signal_before_the_handshake_never_consumes_node_0s_config(tmp_path, master_for):

@@ -74,6 +74,11 @@ class Supervisor:
         self._watch: MasterWatch | None = None
 
     def _body(self) -> None:
+        # FlexKV's workers (and multiprocessing's resource tracker) handle SIGTERM and ignore SIGINT
+        # but die of SIGHUP, which a closed terminal sends to the whole process group. They are
+        # spawned from this thread and inherit its signal mask: with SIGHUP blocked, only the main
+        # thread gets it, and the workers stop (and unpin) through the normal shutdown.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         try:
             ports = tuple(str(p) for p in self.s.master_ports)  # FlexKV's ModelConfig keeps them as strings
             self.tm = self.tm_class(master_host=self.s.master_host, master_ports=ports)
