@@ -195,6 +195,7 @@ def test_a_master_restart_between_handshake_and_ready_is_final_too(tmp_path, mas
     assert code == ExitCode.MASTER_LOST, err
     assert "in waiting_for_gpus" in error_line(err) and "connection closed" in error_line(err)
     assert time.monotonic() - started < 6 and remote.orphans() == []
+    assert list(remote.ipc.iterdir()) == []  # the register and control socket files are gone
 
 
 def test_the_gpu_deadline_names_the_register_port_bound_from_the_masters_config(tmp_path, master_for):
