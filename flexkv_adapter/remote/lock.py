@@ -9,7 +9,9 @@ own, so a planted link or FIFO can neither redirect the pid we write nor hang st
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 import socket
 import stat
@@ -17,6 +19,8 @@ import struct
 from pathlib import Path
 
 from .exit_codes import ExitCode, RemoteExit
+
+logger = logging.getLogger(__name__)
 
 
 def _fail(message: str) -> RemoteExit:
@@ -81,17 +85,20 @@ def lock_key(host: str, ports: tuple[int, int, int]) -> str:
     return f"flexkv-remote-{safe}-{'-'.join(map(str, ports))}.lock"
 
 
-def _machine_lock(name: str) -> socket.socket | int:
+def _machine_lock(name: str) -> socket.socket | int | None:
     """Bind the abstract unix socket ``name``: one per machine (network namespace), whatever the
     lock directory, user or environment; the kernel frees it when the process ends. If it is
-    taken, the pid that holds it (0 if unknown)."""
+    taken, the pid that holds it (0 if unknown); None if it cannot be bound at all (too long)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind("\0" + name)
         sock.listen(1)
         return sock
-    except OSError:
+    except OSError as exc:
         sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            logger.warning("no machine-wide lock %s (%s): only the lock file guards this master", name, exc)
+            return None
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
         probe.connect("\0" + name)
@@ -135,7 +142,7 @@ class InstanceLock:
                 f"exactly one remote may connect to a master",
             ) from None
         machine = _machine_lock(f"flexkv-adapter/{self.path.name}")
-        if not isinstance(machine, socket.socket):
+        if isinstance(machine, int):
             os.close(fd)
             raise RemoteExit(
                 ExitCode.ALREADY_RUNNING,
