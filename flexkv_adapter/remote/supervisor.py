@@ -75,10 +75,11 @@ class Supervisor:
 
     def _body(self) -> None:
         # FlexKV's workers (and multiprocessing's resource tracker) handle SIGTERM and ignore SIGINT
-        # but die of SIGHUP, which a closed terminal sends to the whole process group. They are
-        # spawned from this thread and inherit its signal mask: with SIGHUP blocked, only the main
-        # thread gets it, and the workers stop (and unpin) through the normal shutdown.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        # but die of SIGHUP (a closed terminal sends it to the whole process group) and of the
+        # status signals. They are spawned from this thread and inherit its signal mask: with these
+        # blocked, only the main thread gets them, and the workers stop (and unpin) through the
+        # normal shutdown, or keep running.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, *Signals.STATUS})
         try:
             ports = tuple(str(p) for p in self.s.master_ports)  # FlexKV's ModelConfig keeps them as strings
             self.tm = self.tm_class(master_host=self.s.master_host, master_ports=ports)
