@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import time
 
@@ -17,7 +16,7 @@ import pytest
 
 from flexkv_adapter.remote.exit_codes import ExitCode
 
-from .remote_harness import Remote, alive, run_once
+from .remote_harness import Remote, run_once
 from .remote_standin import MasterStandIn, register_gpus
 
 ORDER = ["waiting_for_master", "handshake", "waiting_for_gpus", "starting_engine", "ready", "shutting_down", "failed"]
@@ -111,33 +110,6 @@ def test_a_stop_signal_in_every_state_exits_0_within_grace_without_descendants(t
     states = remote.states(err)
     assert states[-1] == "shutting_down" or state == "waiting_for_master"
     assert_forward(states)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
-def test_a_signal_to_the_whole_process_group_still_lets_the_workers_unpin(tmp_path, master_for, sig):
-    """A closed terminal or ``kill -HUP -- -pgid`` reaches FlexKV's workers too: they handle only
-    SIGTERM (and ignore SIGINT), so SIGHUP killed them (and the resource tracker) mid-flight."""
-    remote = Remote(tmp_path, new_session=True)
-    to_ready(remote, master_for)
-    os.killpg(remote.proc.pid, sig)
-    code, _, err = remote.finish()
-    assert code == ExitCode.OK and "Traceback" not in err, err
-    assert sorted(r["how"] for r in remote.recorded() if "how" in r) == 2 * [
-        "sentinel" if sig == signal.SIGHUP else "sigterm"
-    ]
-    assert remote.orphans() == []
-
-
-def test_a_status_signal_to_the_whole_process_group_leaves_the_workers_running(tmp_path, master_for):
-    remote = Remote(tmp_path, new_session=True)
-    to_ready(remote, master_for)
-    workers = next(r["workers"] for r in remote.recorded() if "workers" in r)
-    os.killpg(remote.proc.pid, signal.SIGUSR1)  # start_remote logs its state; FlexKV's workers would die of it
-    time.sleep(0.3)
-    assert remote.proc.poll() is None and all(alive(pid) for pid in workers)
-    code, err, _ = remote.stop()
-    assert code == ExitCode.OK and "received SIGUSR1" in err and "Traceback" not in err, err
-    assert [r["how"] for r in remote.recorded() if "how" in r] == ["sentinel", "sentinel"]
 
 
 def test_a_signal_before_the_handshake_never_consumes_node_0s_config(tmp_path, master_for):
