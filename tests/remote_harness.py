@@ -58,7 +58,14 @@ class Remote:
     """One start_remote.py process with its own ports, lock dir, health endpoint and files."""
 
     def __init__(
-        self, tmp: Path, *extra: str, env: dict[str, str] | None = None, ports=None, ipc: Path | None = None, **flags
+        self,
+        tmp: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        ports=None,
+        ipc: Path | None = None,
+        new_session: bool = False,
+        **flags,
     ) -> None:
         self.tmp = tmp
         self.ipc = ipc or _short_private_dir()
@@ -98,6 +105,7 @@ class Remote:
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
+            start_new_session=new_session,  # its own process group, for signals to the whole group
         )
         self.children: list[int] = []
 

@@ -15,7 +15,10 @@ with real sockets and processes, because the awkward parts are what start_remote
   a worker stuck in a driver call while unpinning, deaf to signals);
 - ``shutdown()`` before ``start()`` finished raises AttributeError (``transfer_engine`` is None);
   after ready it stops the workers, closes the three connected sockets, then hangs for ever in
-  ``context.term()`` because the bound register/control sockets are still open.
+  ``context.term()`` because the bound register/control sockets are still open; ``__del__`` calls it
+  when a manager that was not shut down is dropped;
+- ``transfer_engine`` is set before its workers are spawned; the polling thread logs and survives
+  messages it cannot unpickle or does not know (a second config is "Unexpected command message").
 
 The master sends its config exactly once per lifetime, from a thread blocked in ``send`` until
 the first remote connects, like ``TransferManagerMultiNodeHandle.send_config_to_remotes``.
@@ -77,13 +80,17 @@ def _worker_main(conn: Any, ready: Any, unpin_s: float) -> None:
 
 
 class StandInEngine:
-    """The transfer engine: one spawned worker per GPU; shutdown sends sentinels and joins."""
+    """The transfer engine: constructed first, ``start()`` spawns one worker per GPU; shutdown sends
+    sentinels and joins. As in FlexKV, ``transfer_engine`` is set before its workers exist."""
 
     def __init__(self, gpus: int) -> None:
+        self.gpus = gpus
+        self.workers: list[tuple[Any, Any, Any]] = []
+
+    def start(self) -> None:
         ctx = mp.get_context("spawn")
         unpin_s = float(os.environ.get("STANDIN_UNPIN_S", "0.3"))
-        self.workers = []
-        for _ in range(gpus):
+        for _ in range(self.gpus):
             parent, child = ctx.Pipe()
             ready = ctx.Event()
             proc = ctx.Process(target=_worker_main, args=(child, ready, unpin_s), daemon=True)
@@ -149,37 +156,52 @@ class StandInRemote:
         _record(registered=sorted(self.all_gpu_blocks))
         time.sleep(float(os.environ.get("STANDIN_ALLOC_S", "0.2")))  # StorageEngine: allocate and pin
         self.transfer_engine = StandInEngine(self.expected_gpus)
+        self.transfer_engine.start()
         self._is_ready = True
         self._worker_thread = threading.Thread(target=self._polling_worker, daemon=True)
         self._worker_thread.start()
 
     def _polling_worker(self) -> None:
+        """Serves command, query and control until shutdown; like FlexKV it logs and survives bad input."""
         poller = zmq.Poller()
         for sock in (self.command_socket, self.query_socket, self.gpu_control_socket):
             poller.register(sock, zmq.POLLIN)
         while not self._shutdown_flag:
-            for sock, _ in poller.poll(10):
-                message = sock.recv_pyobj()
-                if sock is self.query_socket:
-                    sock.send_pyobj({"ready": self._is_ready})
-                elif sock is self.gpu_control_socket:
-                    sock.send_pyobj({"ok": True})
-                elif message.get("type") == "submit":
-                    self.result_socket.send_pyobj({"op_id": message["task_end_op_id"], "completed": True})
-                else:
-                    log.warning("Unexpected command message: %s", message)
-                    _record(unexpected=message.get("type"))
+            try:
+                for sock, _ in poller.poll(10):
+                    self._serve(sock, sock.recv_pyobj(zmq.NOBLOCK))
+            except Exception as exc:  # an unpicklable or odd message: logged, the loop goes on
+                if not self._shutdown_flag:
+                    log.error("Error in polling worker: %s", exc)
+                    _record(polling_error=type(exc).__name__)
+
+    def _serve(self, sock: zmq.Socket, message: Any) -> None:
+        if sock is self.gpu_control_socket:
+            sock.send_pyobj({"ok": True})
+        elif sock is self.query_socket:
+            known = isinstance(message, dict) and message.get("type") == "query_ready"
+            sock.send_pyobj({"ready": self._is_ready} if known else {"error": "unknown query type"})
+        elif isinstance(message, dict) and message.get("type") == "submit":
+            self.result_socket.send_pyobj({"op_id": message["task_end_op_id"], "completed": True})
+        else:
+            log.warning("Unexpected command message: %s", message)
+            _record(unexpected=message.get("type") if isinstance(message, dict) else type(message).__name__)
 
     def shutdown(self) -> None:
         self._shutdown_flag = True
         self._is_ready = False
         if self._worker_thread is not None and self._worker_thread.is_alive():
             self._worker_thread.join(5.0)
-        self.transfer_engine.shutdown()  # type: ignore[union-attr]  # AttributeError before start, as FlexKV
+        if hasattr(self, "transfer_engine"):  # set (None) once the config arrived: AttributeError before start
+            self.transfer_engine.shutdown()  # type: ignore[union-attr]
         for sock in (self.command_socket, self.result_socket, self.query_socket):
             sock.close()
         _record(term=True)
-        self.context.term()  # never returns: the bound register/control sockets are still open
+        self.context.term()  # after ready, never returns: the bound register/control sockets are still open
+
+    def __del__(self) -> None:  # FlexKV's: dropping a manager that was not shut down calls shutdown()
+        if not self._shutdown_flag:
+            self.shutdown()
 
 
 class MasterStandIn:

@@ -22,7 +22,13 @@ from hypothesis import strategies as st
 
 from flexkv_adapter.remote.exit_codes import ExitCode
 from flexkv_adapter.remote.health import CONNECTION_TIMEOUT_S, MAX_CONNECTIONS, HealthServer
-from flexkv_adapter.remote.lock import _is_flexkv_spawn, default_lock_dir, flexkv_spawned_remotes, lock_key
+from flexkv_adapter.remote.lock import (
+    _is_flexkv_spawn,
+    _machine_lock,
+    default_lock_dir,
+    flexkv_spawned_remotes,
+    lock_key,
+)
 from flexkv_adapter.remote.states import State, StateTracker
 
 from .remote_harness import ROOT, Remote, free_ports, holding, run_once
@@ -87,6 +93,24 @@ def test_an_unusable_lock_dir_exits_8_with_one_line(tmp_path, kind):
         if kind == "unwritable" and os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(lock_dir)], check=False)
     assert code == ExitCode.LOCAL_FILES and str(lock_dir) in line, line
+
+
+@pytest.mark.parametrize("option", ["lock_dir", "ready_file"])
+def test_a_lock_dir_or_ready_file_path_too_long_for_the_kernel_exits_8(tmp_path, option):
+    too_long = tmp_path / ("x" * 300) / "ready.json"  # a name over NAME_MAX: ENAMETOOLONG, not "missing"
+    code, line = startup(tmp_path, **{option: too_long if option == "ready_file" else too_long.parent})
+    assert code == ExitCode.LOCAL_FILES and "File name too long" in line and "Traceback" not in line, line
+
+
+def test_the_machine_wide_lock_is_taken_once_and_only_a_held_name_counts_as_taken():
+    name = f"flexkv-adapter-test/{os.getpid()}/{time.monotonic_ns()}"
+    first = _machine_lock(name)
+    assert isinstance(first, socket.socket)
+    try:
+        assert _machine_lock(name) == os.getpid()  # the holder's pid, from SO_PEERCRED
+    finally:
+        first.close()
+    assert _machine_lock("x" * 200) is None  # over the 107-byte limit: no machine lock, not "taken"
 
 
 def test_the_default_lock_dir_is_private(tmp_path, monkeypatch):

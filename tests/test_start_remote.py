@@ -113,14 +113,15 @@ def test_a_stop_signal_in_every_state_exits_0_within_grace_without_descendants(t
 
 
 def test_a_signal_before_the_handshake_never_consumes_node_0s_config(tmp_path, master_for):
-    remote = Remote(tmp_path, env={"STANDIN_IMPORT_S": "1.5"})
+    remote = Remote(tmp_path, env={"STANDIN_IMPORT_S": "60"})  # FlexKV's import (torch, CUDA) can outlast grace_s
     master = master_for(remote, gpus=1)
     marker = tmp_path / "standin.jsonl.importing"
     deadline = time.monotonic() + 20
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    code, err, _ = remote.stop(signal.SIGTERM)
+    code, err, took = remote.stop(signal.SIGTERM)
     assert code == ExitCode.OK, err
+    assert took < 6, took  # grace_s, though the import goes on
     assert "stopped before connecting to the master" in err and "handshake" not in remote.states(err)
     time.sleep(0.3)
     assert not master.config_sent.is_set()
@@ -163,6 +164,22 @@ def test_a_restarted_master_is_not_served_by_the_stale_remote(tmp_path, master_f
     assert code == ExitCode.MASTER_LOST, err
     assert "connection closed" in error_line(err)
     assert not restarted.config_sent.is_set() and remote.orphans() == []
+
+
+def test_a_master_restart_between_handshake_and_ready_is_final_too(tmp_path, master_for):
+    """The config is bound to the master that sent it: a restart while GPUs register must not
+    leave a remote that later answers ready to a master whose config it ignores."""
+    remote = Remote(tmp_path, master_lost=30, probe_interval=5)
+    first = master_for(remote, gpus=1)
+    remote.wait_state("waiting_for_gpus")
+    first.close()
+    master_for(remote, gpus=1)  # same ports at once
+    started = time.monotonic()
+    code, _, err = remote.finish()
+    assert code == ExitCode.MASTER_LOST, err
+    assert "in waiting_for_gpus" in error_line(err) and "connection closed" in error_line(err)
+    assert time.monotonic() - started < 6 and remote.orphans() == []
+    assert list(remote.ipc.iterdir()) == []  # the register and control socket files are gone
 
 
 def test_the_gpu_deadline_names_the_register_port_bound_from_the_masters_config(tmp_path, master_for):
@@ -246,6 +263,10 @@ def test_a_second_instance_for_the_same_master_is_refused_however_the_host_is_sp
     second = Remote(tmp_path, ports=first.ports, master_host="localhost")
     code, _, err = second.finish()
     assert code == ExitCode.ALREADY_RUNNING and f"pid {first.proc.pid}" in err
+    (tmp_path / "elsewhere").mkdir()  # another lock dir: a unit without XDG_RUNTIME_DIR next to a login shell
+    third = Remote(tmp_path / "elsewhere", ports=first.ports)
+    code, _, err = third.finish()
+    assert code == ExitCode.ALREADY_RUNNING and f"pid {first.proc.pid}" in err
     assert first.stop()[0] == ExitCode.OK
 
 
@@ -291,8 +312,18 @@ def test_dry_run_validates_preflights_and_prints_the_plan(tmp_path, master_for):
             "taco-project/FlexKV",
         ),
         (["--nnodes", "2", "--node-rank", "1"], None, ExitCode.SETTINGS, "master_host is unset"),
+        (["--nnodes", "2", "--node-rank", "1", "--master-host", "[fd00::1]"], None, ExitCode.SETTINGS, "IPv6"),
     ],
-    ids=["node-rank-0", "loopback", "duplicate-ports", "invalid-port", "bad-rank", "flexkv-missing", "no-master"],
+    ids=[
+        "node-rank-0",
+        "loopback",
+        "duplicate-ports",
+        "invalid-port",
+        "bad-rank",
+        "flexkv-missing",
+        "no-master",
+        "ipv6-master",
+    ],
 )
 def test_refusals_have_one_line_errors_and_distinct_statuses(tmp_path, argv, env, code, message):
     got, line = run_once("--lock-dir", str(tmp_path), *argv, env=env)

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from multiprocessing import resource_tracker  # now: a preflight thread may hold its import lock at exit
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -106,8 +107,6 @@ def _stop_resource_tracker() -> None:
     It ignores SIGTERM; closed, it unlinks whatever the workers leaked and exits, where SIGKILL
     would leak those and make the next user relaunch it.
     """
-    from multiprocessing import resource_tracker
-
     stop = getattr(getattr(resource_tracker, "_resource_tracker", None), "_stop", None)
     if callable(stop):  # in a thread: its lock may be held by a thread stuck inside FlexKV
         closer = threading.Thread(target=stop, name="resource-tracker-stop", daemon=True)

@@ -7,8 +7,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from ..errors import SettingsError
 from ..settings import AdapterSettings, load_settings
@@ -21,6 +22,7 @@ from .states import ReadyFile, State, StateTracker
 from .supervisor import Signals, Supervisor
 
 logger = logging.getLogger("flexkv_adapter.remote")
+T = TypeVar("T")
 
 # command-line flag -> settings field (flags win over every other source)
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -94,6 +96,29 @@ def _plan(s: AdapterSettings, visibility: str, lock: InstanceLock) -> dict[str, 
     }
 
 
+def _unless_stopped(step: Callable[[], T], signals: Signals) -> T:
+    """Run a step that can block for long (DNS, importing FlexKV and torch) in a thread, so a stop
+    signal ends start-up within grace_s; the abandoned thread ends with the process (os._exit)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, step()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=run, name="preflight", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        if signals.event.is_set():
+            raise StopRequested
+        worker.join(0.05)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(T, value)
+
+
 def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | None = None) -> ExitCode:
     """Everything after settings are loaded; always cleans up (lock, ready file, children)."""
     signals = signals or Signals()
@@ -103,12 +128,12 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     ready_file = ReadyFile(s.ready_file) if s.ready_file else None
     code = ExitCode.FORCED
     try:
-        validate(s)
+        _unless_stopped(lambda: validate(s), signals)  # resolves master_host
         lock_dir = prepare_lock_dir(s.lock_dir)
         if ready_file is not None:
             ready_file.check()  # fails now rather than when ready
         visibility = apply_gpu_visibility(s.keep_cuda_visible_devices)
-        tm_class = load_transfer_manager(s.transfer_manager)
+        tm_class = _unless_stopped(lambda: load_transfer_manager(s.transfer_manager), signals)
         assert s.master_host is not None
         lock = InstanceLock(lock_dir, s.master_host, s.master_ports)
         lock.acquire()

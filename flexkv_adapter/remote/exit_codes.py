@@ -20,7 +20,7 @@ class ExitCode(IntEnum):
     MASTER_UNREACHABLE = 10  # the master's ports did not accept TCP before connect_timeout_s
     HANDSHAKE_TIMEOUT = 11  # no config from the master within handshake_timeout_s (it is sent once)
     GPU_TIMEOUT = 12  # local GPU ranks did not register within gpu_timeout_s
-    MASTER_LOST = 13  # the master went away after ready (final: FlexKV never re-handshakes)
+    MASTER_LOST = 13  # the master that sent the config went away (final: FlexKV never re-handshakes)
     CRASHED = 14  # the transfer manager raised
     FORCED = 15  # second signal, or workers had to be killed to end within grace_s
     ENGINE_TIMEOUT = 16  # engine start-up (CPU cache, workers) took longer than engine_timeout_s

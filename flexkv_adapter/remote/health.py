@@ -1,15 +1,20 @@
 """HTTP health endpoint: ``GET /`` -> JSON state snapshot, 200 only when ready, else 503.
 
-Idle or slow clients cannot pin it: each connection has a read timeout, and connections beyond
-``max_connections`` are closed at once instead of getting a thread.
+Idle or slow clients cannot pin it: each connection has a read timeout and a total deadline (a
+client trickling one byte per second never hits the read timeout), connections beyond
+``MAX_CONNECTIONS`` are closed at once instead of getting a thread, and a client that resets or
+sends nonsense costs a debug line, not a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,7 +23,8 @@ from .states import State, StateTracker
 
 logger = logging.getLogger(__name__)
 
-CONNECTION_TIMEOUT_S = 2.0
+CONNECTION_TIMEOUT_S = 2.0  # per read
+REQUEST_DEADLINE_S = 5.0  # per connection, however the bytes trickle in
 MAX_CONNECTIONS = 16
 
 
@@ -29,6 +35,9 @@ class _BoundedServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], family: int) -> None:
         self.address_family = family
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._deadlines: dict[socket.socket, float] = {}
+        self._deadlines_lock = threading.Lock()
+        self._closed = threading.Event()
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -36,17 +45,41 @@ class _BoundedServer(ThreadingHTTPServer):
             logger.debug("health: %d connections open, closing one from %s", MAX_CONNECTIONS, client_address)
             self.shutdown_request(request)
             return
+        with self._deadlines_lock:
+            self._deadlines[request] = time.monotonic() + REQUEST_DEADLINE_S
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._forget(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._forget(request)
+
+    def _forget(self, request: socket.socket) -> None:
+        with self._deadlines_lock:
+            self._deadlines.pop(request, None)
+        self._slots.release()
+
+    def cut_overdue(self) -> None:
+        """Until closed: shut down connections past their deadline (their handler then ends)."""
+        while not self._closed.wait(0.2):
+            now = time.monotonic()
+            with self._deadlines_lock:
+                overdue = [sock for sock, deadline in self._deadlines.items() if deadline < now]
+            for sock in overdue:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        logger.debug("health: client %s: %r", client_address, sys.exc_info()[1])  # a reset, a timeout
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
 
 class HealthServer:
@@ -54,14 +87,18 @@ class HealthServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = CONNECTION_TIMEOUT_S
 
-            def do_GET(self) -> None:
+            def do_GET(self, with_body: bool = True) -> None:
                 snap = tracker.snapshot()
                 body = json.dumps(snap).encode()
                 self.send_response(200 if snap["state"] == State.READY.value else 503)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if with_body:
+                    self.wfile.write(body)
+
+            def do_HEAD(self) -> None:
+                self.do_GET(with_body=False)
 
             def log_message(self, format: str, *args: Any) -> None:
                 logger.debug("health: " + format, *args)
@@ -69,17 +106,19 @@ class HealthServer:
         try:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
             self._server = _BoundedServer((host, port), Handler, family)
-        except OSError as exc:
+        except (OSError, UnicodeError, ValueError) as exc:  # a label over 63 bytes fails to encode
             raise RemoteExit(
                 ExitCode.HEALTH_ENDPOINT,
-                f"health endpoint cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                f"health endpoint cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc}); "
                 f"choose another health_port/health_host",
             ) from None
         self.address = self._server.server_address
         self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
+        self._cutter = threading.Thread(target=self._server.cut_overdue, name="health-deadlines", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._cutter.start()
         logger.info("health endpoint on http://%s:%d/", *self.address[:2])
 
     def stop(self) -> None:

@@ -1,19 +1,26 @@
 """One remote per node and master: an flock'd pid file, plus detection of FlexKV's own spawn.
 
-The lock file lives in a directory other users cannot write to (``$XDG_RUNTIME_DIR``, else a
+A machine-wide abstract unix socket backs it up across lock directories. The lock file lives in
+a directory other users cannot write to (``$XDG_RUNTIME_DIR``, else a
 0700 directory of our own), is opened without following symlinks and must be a regular file we
 own, so a planted link or FIFO can neither redirect the pid we write nor hang start-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
+import logging
 import os
 import socket
 import stat
+import struct
 from pathlib import Path
 
 from .exit_codes import ExitCode, RemoteExit
+
+logger = logging.getLogger(__name__)
 
 
 def _fail(message: str) -> RemoteExit:
@@ -50,9 +57,17 @@ def prepare_lock_dir(configured: Path | None) -> Path:
                 f"others (someone else may have made it); remove it or set lock_dir"
             )
         return path
-    if not configured.exists():
-        raise _fail(f"lock_dir {configured} does not exist; create it or set lock_dir to an existing directory")
-    if not configured.is_dir():
+    try:
+        st = os.stat(configured)
+    except FileNotFoundError:
+        raise _fail(
+            f"lock_dir {configured} does not exist; create it or set lock_dir to an existing directory"
+        ) from None
+    except OSError as exc:  # a name too long, a loop of links, a component that is a file
+        raise _fail(
+            f"lock_dir {configured} is unusable ({exc.strerror}); set lock_dir to an existing directory"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
         raise _fail(f"lock_dir {configured} is not a directory")
     return configured
 
@@ -70,12 +85,39 @@ def lock_key(host: str, ports: tuple[int, int, int]) -> str:
     return f"flexkv-remote-{safe}-{'-'.join(map(str, ports))}.lock"
 
 
+def _machine_lock(name: str) -> socket.socket | int | None:
+    """Bind the abstract unix socket ``name``: one per machine (network namespace), whatever the
+    lock directory, user or environment; the kernel frees it when the process ends. If it is
+    taken, the pid that holds it (0 if unknown); None if it cannot be bound at all (too long)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind("\0" + name)
+        sock.listen(1)
+        return sock
+    except OSError as exc:
+        sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            logger.warning("no machine-wide lock %s (%s): only the lock file guards this master", name, exc)
+            return None
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        probe.connect("\0" + name)
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", creds)[0])
+    return 0
+
+
 class InstanceLock:
-    """Exclusive lock for (resolved master address, ports); released when the process exits."""
+    """Exclusive lock for (resolved master address, ports); released when the process exits.
+
+    Two locks: the pid file in ``lock_dir`` (what an operator can see) and a machine-wide abstract
+    socket, so remotes started with different lock directories (a unit without ``XDG_RUNTIME_DIR``
+    and a login shell with one) still exclude each other."""
 
     def __init__(self, lock_dir: Path, host: str, ports: tuple[int, int, int]) -> None:
         self.path = lock_dir / lock_key(host, ports)
         self._fd: int | None = None
+        self._socket: socket.socket | None = None
 
     def acquire(self) -> None:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -99,14 +141,26 @@ class InstanceLock:
                 f"another start_remote (pid {holder}) already serves this master (lock {self.path}); "
                 f"exactly one remote may connect to a master",
             ) from None
+        machine = _machine_lock(f"flexkv-adapter/{self.path.name}")
+        if isinstance(machine, int):
+            os.close(fd)
+            raise RemoteExit(
+                ExitCode.ALREADY_RUNNING,
+                f"another start_remote (pid {machine or 'unknown'}) already serves this master (machine-wide "
+                f"lock @flexkv-adapter/{self.path.name}, whatever its lock_dir); exactly one remote may connect "
+                f"to a master",
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
+        self._fd, self._socket = fd, machine
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 def _is_flexkv_spawn(argv: list[str]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import logging
 import os
 import socket
@@ -32,6 +33,13 @@ def validate(s: AdapterSettings) -> None:
         raise RemoteExit(
             ExitCode.SETTINGS, "master_host is unset: set FLEXKV_MASTER_HOST (or --master-host) to node 0's address"
         )
+    if _ipv6_literal(s.master_host):
+        raise RemoteExit(
+            ExitCode.SETTINGS,
+            f"master_host {s.master_host} is an IPv6 address: FlexKV's ZMQ sockets never enable IPv6 "
+            f"(tcp://host:port without zmq.IPV6), so neither node 0's master nor this remote could use it; "
+            f"set node 0's IPv4 address or a name that resolves to it",
+        )
     kind = classify_host(s.master_host)
     if kind == "unresolved":
         raise RemoteExit(ExitCode.SETTINGS, f"master_host {s.master_host!r} does not resolve")
@@ -53,6 +61,13 @@ def validate(s: AdapterSettings) -> None:
             s.master_host,
             s.master_ports,
         )
+
+
+def _ipv6_literal(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]").split("%", 1)[0]).version == 6
+    except ValueError:
+        return False
 
 
 def apply_gpu_visibility(keep: bool) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -39,12 +40,17 @@ class ReadyFile:
     def check(self) -> None:
         """Fail at start-up, not at ready: a writable directory, and no directory at the path."""
         parent = self.path.parent
-        if not parent.is_dir():
-            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} is not writable")
-        if self.path.is_dir() and not self.path.is_symlink():
-            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file {self.path} is a directory")
+        try:
+            if not parent.is_dir():
+                raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} does not exist")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file directory {parent} is not writable")
+            if stat.S_ISDIR(os.lstat(self.path).st_mode):
+                raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file {self.path} is a directory")
+        except FileNotFoundError:
+            pass  # no ready file yet: the usual case
+        except OSError as exc:  # a name too long for the kernel, a loop of links
+            raise RemoteExit(ExitCode.LOCAL_FILES, f"ready_file {self.path} is unusable ({exc.strerror})") from None
 
     def write(self, snapshot: dict[str, Any]) -> None:
         try:

@@ -4,7 +4,7 @@ FlexKV's ``TransferManagerOnRemote(master_host, master_ports)`` blocks in its co
 master's one config message arrives; ``start()`` waits for every local GPU rank to register, then
 allocates the CPU cache and spawns workers. None of these waits has a timeout. The manager runs in
 a daemon thread while the main thread reads its phase from the manager's attributes, enforces a
-deadline per phase, handles signals, and after ``ready`` watches the master (FlexKV has no
+deadline per phase, handles signals, and from the config on watches the master (FlexKV has no
 heartbeat and never re-handshakes). Shutdown never calls the manager's ``shutdown()``
 (see ``teardown``).
 """
@@ -74,6 +74,12 @@ class Supervisor:
         self._watch: MasterWatch | None = None
 
     def _body(self) -> None:
+        # FlexKV's workers (and multiprocessing's resource tracker) handle SIGTERM and ignore SIGINT
+        # but die of SIGHUP (a closed terminal sends it to the whole process group) and of the
+        # status signals. They are spawned from this thread and inherit its signal mask: with these
+        # blocked, only the main thread gets them, and the workers stop (and unpin) through the
+        # normal shutdown, or keep running.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, *Signals.STATUS})
         try:
             ports = tuple(str(p) for p in self.s.master_ports)  # FlexKV's ModelConfig keeps them as strings
             self.tm = self.tm_class(master_host=self.s.master_host, master_ports=ports)
@@ -120,7 +126,7 @@ class Supervisor:
                     ExitCode.CRASHED, f"transfer manager failed in {self.tracker.state.value}: {self.error!r}"
                 )
             self._check_deadline(self.tracker.state, time.monotonic() - self._entered)
-            if self.tracker.state is State.READY:
+            if self.tm is not None:  # the config is bound to the master that sent it
                 self._check_master()
 
     def _check_deadline(self, state: State, elapsed: float) -> None:
@@ -158,8 +164,9 @@ class Supervisor:
         if why:
             self._give_up(
                 ExitCode.MASTER_LOST,
-                f"lost master {self.s.master_host}: {why}. FlexKV never re-handshakes, so this remote cannot "
-                f"serve a restarted master; exiting so it restarts once node 0's engine is up again",
+                f"lost master {self.s.master_host} in {self.tracker.state.value}: {why}. FlexKV never "
+                f"re-handshakes, so this remote cannot serve a restarted master; exiting so it restarts "
+                f"once node 0's engine is up again",
             )
 
     def _give_up(self, code: ExitCode, message: str) -> NoReturn:

@@ -88,4 +88,6 @@ def stop_manager(tm: Any, started: bool, deadline: float, reap_grace_s: float) -
     if tm is not None and started:
         _stop_started(tm, deadline, reap_grace_s)
         return reap_descendants(_left(deadline))
+    if tm is not None:  # constructed: its register/control sockets are bound, and stay so until exit
+        _unlink_ipc(getattr(tm, "gpu_register_port", None))
     return reap_descendants(_left(deadline, reap_grace_s))
