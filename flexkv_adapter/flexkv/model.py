@@ -145,6 +145,16 @@ def registered_kv_heads(
     return wanted
 
 
+def check_model_dtype(model_dtype: torch.dtype | None, dtype: torch.dtype, source: str = "") -> None:
+    """FlexKV sizes GPU blocks and strides with its model dtype: its element size must be the tensors'."""
+    if model_dtype is not None and model_dtype.itemsize != dtype.itemsize:
+        raise PlanError(
+            f"{source}{': ' if source else ''}FlexKV's model dtype {model_dtype} has itemsize {model_dtype.itemsize} "
+            f"but the KV data is {dtype} (itemsize {dtype.itemsize}); FlexKV sizes GPU blocks with the model dtype. "
+            f"Set FLEXKV_KV_CACHE_DTYPE to a {dtype.itemsize}-byte dtype"
+        )
+
+
 def check_layout(layout: LayoutFacts, model: ModelFacts, tp_size: int) -> None:
     """Layer count, MLA-ness, head size and element size agree with the ModelConfig."""
     if tp_size != model.tp_size:
@@ -167,12 +177,7 @@ def check_layout(layout: LayoutFacts, model: ModelFacts, tp_size: int) -> None:
         )
     if layout.head_size != model.head_size:
         raise PlanError(f"head size {layout.head_size} != model_config.head_size={model.head_size}")
-    if layout.dtype.itemsize != model.dtype.itemsize:
-        raise PlanError(
-            f"FlexKV's model dtype {model.dtype} has itemsize {model.dtype.itemsize} but the KV tensors hold "
-            f"{layout.dtype} (itemsize {layout.dtype.itemsize}); FlexKV sizes blocks with the model dtype. "
-            f"Set FLEXKV_KV_CACHE_DTYPE to a {layout.dtype.itemsize}-byte dtype"
-        )
+    check_model_dtype(model.dtype, layout.dtype)
 
 
 def layout_facts(source: PoolView | FlexKVPlan) -> LayoutFacts:

@@ -40,7 +40,15 @@ from ..views import MHAView, PoolView
 from ..vllm_layout import is_vllm_dict
 from ._import import import_flexkv
 from .checks import check_chunks, check_five_d
-from .model import LayoutFacts, ModelFacts, check_layout, model_facts, positive_int, registered_kv_heads
+from .model import (
+    LayoutFacts,
+    ModelFacts,
+    check_layout,
+    check_model_dtype,
+    model_facts,
+    positive_int,
+    registered_kv_heads,
+)
 
 
 class LayoutType(str, Enum):
@@ -262,12 +270,7 @@ def plan(
     facts = LayoutFacts(kind, len(chunks[0]), first.shape[2], first.shape[3], dtype, 2 if kind == "mha" else 1)
     if model is not None:
         check_layout(facts, model, tp)
-    if model_dtype is not None and model_dtype.itemsize != dtype.itemsize:
-        raise PlanError(
-            f"{name}: FlexKV's model dtype {model_dtype} has itemsize {model_dtype.itemsize} but the KV "
-            f"tensors hold {dtype} (itemsize {dtype.itemsize}); FlexKV sizes GPU blocks with the model dtype. "
-            f"Set FLEXKV_KV_CACHE_DTYPE to a {dtype.itemsize}-byte dtype"
-        )
+    check_model_dtype(model_dtype, dtype, name)
     result = FlexKVPlan(
         type=layout_type,
         mode=mode,

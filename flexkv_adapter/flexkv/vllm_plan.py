@@ -6,11 +6,18 @@ from collections.abc import Mapping
 
 import torch
 
-from ..errors import PlanError
 from ..layout import ViewKind
 from ..vllm_layout import VLLMForm, vllm_form
 from .checks import check_chunks
-from .model import LayoutFacts, ModelFacts, check_layout, model_facts, positive_int, registered_kv_heads
+from .model import (
+    LayoutFacts,
+    ModelFacts,
+    check_layout,
+    check_model_dtype,
+    model_facts,
+    positive_int,
+    registered_kv_heads,
+)
 from .plan import AddressingMode, FlexKVPlan, LayoutType
 
 
@@ -48,11 +55,7 @@ def plan_form(
 ) -> FlexKVPlan:
     dtype = form.chunks[0].dtype
     name = f"vLLM KV cache ({'/'.join(form.geometry.layouts)})"
-    if model_dtype is not None and model_dtype.itemsize != dtype.itemsize:
-        raise PlanError(
-            f"{name}: FlexKV's model dtype {model_dtype} has itemsize {model_dtype.itemsize} but the KV cache "
-            f"holds {dtype}; set FLEXKV_KV_CACHE_DTYPE to a {dtype.itemsize}-byte dtype"
-        )
+    check_model_dtype(model_dtype, dtype, name)
     facts = LayoutFacts(form.kind, form.num_layer, form.num_head, form.head_size, dtype, kv_dim=1)
     if model is not None:
         check_layout(facts, model, tp_size)

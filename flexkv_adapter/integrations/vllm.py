@@ -74,12 +74,10 @@ def _patch_connector(cls: Any) -> None:
         flexkv_config = getattr(worker, "flexkv_config", None)
         flexkv_block = getattr(getattr(flexkv_config, "cache_config", None), "tokens_per_block", None)
         flexkv_dtype = getattr(getattr(flexkv_config, "model_config", None), "dtype", None)
-        if isinstance(flexkv_dtype, torch.dtype) and flexkv_dtype.itemsize != p.dtype.itemsize:
-            raise AdapterError(
-                f"flexkv_adapter: FlexKV's model dtype {flexkv_dtype} has itemsize {flexkv_dtype.itemsize} but vLLM's "
-                f"KV cache holds {p.dtype}; FlexKV computes GPU strides with the former and would read the wrong "
-                f"bytes. Set FLEXKV_KV_CACHE_DTYPE (or kv_cache_dtype) to match vLLM's --kv-cache-dtype"
-            )
+        if isinstance(flexkv_dtype, torch.dtype):  # FlexKV strides GPU blocks in its model dtype's units
+            from ..flexkv.model import check_model_dtype
+
+            check_model_dtype(flexkv_dtype, p.dtype, "flexkv_adapter: vLLM's KV cache (match --kv-cache-dtype)")
         if flexkv_block is not None and flexkv_block != p.tokens_per_block:
             raise AdapterError(
                 f"flexkv_adapter: FlexKV counts {flexkv_block}-token blocks (vLLM's cache_config.block_size) but "
