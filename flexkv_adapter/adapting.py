@@ -41,7 +41,6 @@ from .vllm_layout import is_vllm_dict
 from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
-_layer_ids = layer_ids_of  # flexkv.plan imports it under its old name
 
 _HYBRID_MARKERS = ("full_kv_pool", "swa_kv_pool", "mamba_pool", "main_pool", "unified_kv_pool", "c4_kv_pool")
 

@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from ..adapting import _layer_ids, adapt, recognise
+from ..adapting import adapt, recognise
 from ..axes import format_axes, parse_axes
 from ..carve import check_consistent
 from ..errors import PlanError
+from ..labels import layer_ids_of
 from ..layout import ViewKind
 from ..options import AdaptOptions, resolve_geometry
 from ..views import MHAView, PoolView
@@ -239,7 +240,7 @@ def plan(
         tensors = located.containers[0].tensors
         planes = list(logical.values())
         first = planes[0][0]  # [B, T, H, D]
-        kind, layer_ids = interp.kind, tuple(_layer_ids(source, located, len(planes[0]), geometry))
+        kind, layer_ids = interp.kind, tuple(layer_ids_of(source, located, len(planes[0]), geometry))
         chunks = dict(enumerate(planes))
         name = f"{type(source).__name__}.{'/'.join(located.attrs)} [{format_axes(interp.axes)}]"
     else:
