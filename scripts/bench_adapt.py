@@ -149,6 +149,20 @@ def plot(results: dict[str, list[dict[str, object]]], path: Path) -> bool:
     return True
 
 
+def _check_interpreter() -> None:
+    """The wrong interpreter (system python) gets what to run instead of each child's traceback."""
+    try:
+        import torch  # noqa: F401
+
+        import flexkv_adapter  # noqa: F401
+    except ModuleNotFoundError as exc:
+        sys.exit(
+            f"{Path(sys.argv[0]).name}: {exc} in {sys.executable}. Run `bash scripts/setup.sh`, then "
+            f".venv/bin/python scripts/bench_adapt.py (or `source .venv/bin/activate`); the plot also "
+            f"needs `.venv/bin/pip install -e '.[bench]'`"
+        )
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         method, layers, rows, repeats = sys.argv[2], *map(int, sys.argv[3:6])
@@ -159,6 +173,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args()
+    _check_interpreter()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, object]]] = {}
     for sweep, points in sweeps(args.quick).items():
