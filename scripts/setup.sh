@@ -9,8 +9,9 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # torch first and pinned: the CPU build lies on local disk; an unpinned torch would pull a CUDA build.
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
     step "torch 2.13.0 (CPU build) into .venv" "~750 MB on disk" "1-3 minutes" pip_q .venv "torch==2.13.0"
 fi
 install_project .venv
-.venv/bin/python -c "import flexkv_adapter, torch; print('flexkv-adapter', flexkv_adapter.__version__, 'torch', torch.__version__)"
+# versions from the metadata: importing torch here would add seconds to every demo run
+.venv/bin/python -c "from importlib.metadata import version as v; print('flexkv-adapter', v('flexkv-adapter'), 'torch', v('torch'))"

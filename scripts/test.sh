@@ -24,10 +24,10 @@ run() {
     result=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)' "$log" | tail -1 | sed -E 's/^=+ | =+$//g')
     [ -n "$result" ] || result=$(tail -1 "$log")
     [ "$rc" = 0 ] || FAILED=1
-    SUMMARY+=("$(printf '%-12s %-6s %s (%d s)' "$name" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "$result" $((SECONDS - t0)))")
+    SUMMARY+=("$(printf '%-12s %-8s %s (%d s)' "$name" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "$result" $((SECONDS - t0)))")
 }
 
-skip() { SUMMARY+=("$(printf '%-12s %-6s %s' "$1" skipped "$2")"); }
+skip() { SUMMARY+=("$(printf '%-12s %-8s %s' "$1" skipped "$2")"); }
 
 run ruff .venv/bin/ruff check flexkv_adapter tests scripts
 run mypy .venv/bin/mypy
@@ -38,7 +38,7 @@ if [ "${SKIP_SGLANG_TIER:-0}" != "1" ]; then
     if bash scripts/install_sglang_cpu.sh; then
         run sglang .venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/sglang
     else
-        SUMMARY+=("sglang       FAILED install_sglang_cpu.sh failed"); FAILED=1
+        SUMMARY+=("sglang       FAILED   install_sglang_cpu.sh failed"); FAILED=1
     fi
 else
     skip sglang "SKIP_SGLANG_TIER=1 (tests/sglang not run)"
@@ -47,7 +47,7 @@ if [ "${SKIP_VLLM_TIER:-0}" != "1" ]; then
     if bash scripts/install_vllm_cpu.sh; then
         run vllm .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
     else
-        SUMMARY+=("vllm         FAILED install_vllm_cpu.sh failed"); FAILED=1
+        SUMMARY+=("vllm         FAILED   install_vllm_cpu.sh failed"); FAILED=1
     fi
 else
     skip vllm "SKIP_VLLM_TIER=1 (tests/vllm not run)"
@@ -59,6 +59,6 @@ printf '%s\n' "${SUMMARY[@]}"
 count() { printf '%s\n' "${SUMMARY[@]}" | grep -oE "[0-9]+ $1" | awk '{s += $1} END {print s + 0}'; }
 total="$(count passed) passed, $(count failed) failed, $(count 'errors?') errors, $(count skipped) skipped"
 elapsed=$((SECONDS - T0))
-printf '%-12s %-6s %s in %d min %d s\n' total "$([ "$FAILED" = 0 ] && echo ok || echo FAILED)" "$total" \
+printf '%-12s %-8s %s in %d min %d s\n' total "$([ "$FAILED" = 0 ] && echo ok || echo FAILED)" "$total" \
     $((elapsed / 60)) $((elapsed % 60))
 exit "$FAILED"
