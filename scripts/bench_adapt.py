@@ -7,6 +7,10 @@ layers 8..1024 at a small per-layer size, and pool bytes 1 MiB..4 GiB at 8 layer
 ``bench.png`` (the plot needs matplotlib: ``pip install -e '.[bench]'``).
 
     python scripts/bench_adapt.py --out bench-out
+    python scripts/bench_adapt.py --markdown bench-out/bench.json   # the README's table
+
+Each point is warmed up, runs on one thread and repeats until its minimum is stable (see
+``_time_until_stable``): on a shared machine the minimum is the figure others' load disturbs least.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 METHODS = ("floor", "adapt", "copy")
 PAGE, HEADS, DIM = 16, 8, 128
@@ -149,6 +154,44 @@ def plot(results: dict[str, list[dict[str, object]]], path: Path) -> bool:
     return True
 
 
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms / 1e3:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
+
+
+def markdown_table(payload: dict[str, Any]) -> str:
+    """The README's table, from a bench.json: the text cannot drift from the data it reports."""
+    res = payload["results"]
+
+    def pts(sweep: str, method: str, key: str = "min_s") -> list[float]:
+        return [p[key] for p in res[sweep] if p["method"] == method]
+
+    def span(xs: list[float]) -> str:
+        return f"{_ms(min(xs))}-{_ms(max(xs))}"
+
+    def ends(xs: list[float]) -> str:
+        return f"{_ms(xs[0])} -> {_ms(xs[-1])}"
+
+    ratio = [a / f for a, f in zip(pts("layers", "adapt"), pts("layers", "floor"))]
+    rss = {m: [p / 2**20 for p in pts("bytes", m, "peak_rss_growth_bytes")] for m in METHODS}
+    big = res["bytes"][-1]["pool_bytes"] / 2**30
+    return "\n".join(
+        [
+            "| sweep (min of repeats) | floor | `adapt()` | copy-based | bytes copied by `adapt()` |",
+            "|---|---|---|---|---|",
+            f"| {res['bytes'][0]['layers']} layers, {res['bytes'][0]['pool_bytes'] >> 20} MiB -> {big:.3g} GiB "
+            f"| {span(pts('bytes', 'floor'))} | {span(pts('bytes', 'adapt'))} (flat in pool bytes) "
+            f"| {ends(pts('bytes', 'copy'))} | {sum(pts('bytes', 'adapt', 'bytes_copied')):.0f} |",
+            f"| {res['layers'][0]['layers']} -> {res['layers'][-1]['layers']} layers "
+            f"| {ends(pts('layers', 'floor'))} | {ends(pts('layers', 'adapt'))} "
+            f"({min(ratio):.2f}-{max(ratio):.2f}x the floor) | {ends(pts('layers', 'copy'))} "
+            f"| {sum(pts('layers', 'adapt', 'bytes_copied')):.0f} |",
+            f"| peak RSS growth | {max(rss['floor']):.1f} MiB at most | {max(rss['adapt']):.1f} MiB at most "
+            f"(any pool size) | {rss['copy'][-1]:.0f} MiB at {big:.3g} GiB (the pool's size) | |",
+        ]
+    )
+
+
 def _check_interpreter() -> None:
     """The wrong interpreter (system python) gets what to run instead of each child's traceback."""
     try:
@@ -167,6 +210,9 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         method, layers, rows, repeats = sys.argv[2], *map(int, sys.argv[3:6])
         print(json.dumps(run_point(method, layers, rows, repeats)))
+        return 0
+    if len(sys.argv) > 2 and sys.argv[1] == "--markdown":  # the README table of an existing bench.json
+        print(markdown_table(json.loads(Path(sys.argv[2]).read_text())))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
@@ -207,6 +253,7 @@ def main() -> int:
     }
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     print(json.dumps(summary))
+    print(markdown_table(payload))
     if not args.no_plot:
         plot(results, args.out / "bench.png")
     return 0
