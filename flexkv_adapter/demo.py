@@ -101,9 +101,8 @@ def _wrap(number: int, text: str) -> list[str]:
     out: list[str] = []
     for i, para in enumerate(text.splitlines()):
         first = head if i == 0 else indent
-        out += textwrap.wrap(
-            para, _WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False
-        ) or [first]
+        wrapped = textwrap.wrap(para, _WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False)
+        out += wrapped or [first]
     return out
 
 

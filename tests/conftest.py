@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -43,3 +44,18 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# The engine tiers run in their own environments (scripts/test.sh runs each right after the main
+# suite). Where a tier's engine is not installed at all, the tier is not collected and one line in
+# the summary says so, instead of one SKIPPED line per test.
+_TIERS = {"sglang": "scripts/install_sglang_cpu.sh", "vllm": "scripts/install_vllm_cpu.sh"}
+collect_ignore = [tier for tier in _TIERS if importlib.util.find_spec(tier) is None]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for tier in collect_ignore:
+        terminalreporter.write_line(
+            f"SKIPPED tests/{tier}: {tier} is not installed in this environment; "
+            f"{_TIERS[tier]} installs it in its own (scripts/test.sh runs that tier there)"
+        )
