@@ -55,3 +55,26 @@ def test_readme_benchmark_table_is_the_committed_data():
     spec.loader.exec_module(bench)
     table = bench.markdown_table(json.loads((ROOT / "docs" / "bench" / "bench.json").read_text()))
     assert table in (ROOT / "README.md").read_text()
+
+
+def test_wheel_carries_what_the_readme_promises(tmp_path):
+    """The package with py.typed, the console script, both engine plugins and the license."""
+    import subprocess
+    import sys
+    import zipfile
+
+    pytest.importorskip("setuptools")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("flexkv_adapter-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"flexkv_adapter/py.typed", "flexkv_adapter/cli.py", "flexkv_adapter/demo.py"} <= set(names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    for line in (
+        "flexkv-adapter = flexkv_adapter.cli:main",
+        "[sglang.srt.plugins]\nflexkv_adapter = flexkv_adapter.integrations.sglang:install",
+        "[vllm.general_plugins]\nflexkv_adapter = flexkv_adapter.integrations.vllm:install",
+    ):
+        assert line in entry_points
