@@ -22,6 +22,21 @@ step() {
     say "setup: $what: done in $((SECONDS - t0)) s"
 }
 
+# make_venv PYTHON VENV: create VENV once; a python without venv/ensurepip gets the fix, not a traceback.
+make_venv() {
+    local python=$1 venv=$2
+    [ -x "$venv/bin/python" ] && return
+    if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+        say "setup: $python is missing or older than 3.10; run with PYTHON=/path/to/python3.10+ bash $0"
+        exit 1
+    fi
+    if ! "$python" -m venv "$venv"; then
+        rm -rf "$venv"
+        say "setup: '$python -m venv' failed; on Debian/Ubuntu install python3-venv (apt-get install python3-venv)"
+        exit 1
+    fi
+}
+
 _stamp() { echo "$(sha256sum pyproject.toml | cut -d' ' -f1) $PWD"; }
 
 # installed_here VENV: this checkout is what VENV imports (editable), with its console script, and

@@ -7,9 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 PYTHON=${PYTHON:-python3}
 VENV=${SGLANG_VENV:-.venv-sglang}
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
-fi
+make_venv "$PYTHON" "$VENV"
 if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.memory_pool" 2>/dev/null; then
     step "torch 2.14.1 + torchvision 0.29.1 into $VENV" "~4.5 GB on disk: torch 1.2 GB, its CUDA libraries 3.2 GB" "3-10 minutes" \
         pip_q "$VENV" torch==2.14.1 torchvision==0.29.1

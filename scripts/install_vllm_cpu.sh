@@ -9,9 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
-fi
+make_venv "$PYTHON" "$VENV"
 if ! "$VENV/bin/python" -c "import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector" 2>/dev/null; then
     step "torch 2.14.1 into $VENV" "~4.5 GB on disk: torch 1.2 GB, its CUDA libraries 3.2 GB" "3-10 minutes" pip_q "$VENV" torch==2.14.1
     step "vLLM's import-time dependencies into $VENV" "~1.4 GB: triton, xgrammar, transformers, ..." "1-3 minutes" \

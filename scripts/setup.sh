@@ -5,9 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
+make_venv "$PYTHON" .venv
 # torch first and pinned: the CPU build lies on local disk; an unpinned torch would pull a CUDA build.
 if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
     step "torch 2.13.0 (CPU build) into .venv" "~750 MB on disk" "1-3 minutes" pip_q .venv "torch==2.13.0"
