@@ -94,10 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["start-remote"]:  # its own parser, logging and exit handling
+    lead = 0  # -v before the command is ours; start-remote takes its own -v
+    while lead < len(argv) and (argv[lead] == "--verbose" or (len(argv[lead]) > 1 and argv[lead].rstrip("v") == "-")):
+        lead += 1
+    if argv[lead : lead + 1] == ["start-remote"]:  # its own parser, logging and exit handling
         from .remote.cli import entry_point
 
-        entry_point(argv[1:], prog="flexkv-adapter start-remote")
+        entry_point(argv[lead + 1 :] + (["--verbose"] if lead else []), prog="flexkv-adapter start-remote")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # bare `flexkv-adapter`: show what there is

@@ -86,3 +86,10 @@ def test_console_script_runs_the_demo():
     done = subprocess.run([exe, "demo", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True
+
+
+@pytest.mark.parametrize("argv", [["-v", "start-remote", "--help"], ["start-remote", "--help"]])
+def test_start_remote_is_reached_with_or_without_a_leading_v(capsys, argv):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("usage: flexkv-adapter start-remote")
