@@ -8,73 +8,22 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from . import __version__
 from .errors import AdapterError, SettingsError
 
+DESCRIPTION = """\
+Zero-copy, block-aligned FlexKV views of KV-cache pools.
 
-def _samples() -> Any:
-    from .samples import SAMPLES
-
-    return SAMPLES
-
-
-_COLUMNS = ("source", "recognizer", "view", "layers", "excluded", "rows", "bytes aliased", "bytes copied")
-
-
-def _demo_rows() -> tuple[list[dict[str, Any]], bool]:
-    from .adapting import adapt
-
-    rows: list[dict[str, Any]] = []
-    ok = True
-    for sample in _samples():
-        row: dict[str, Any] = {"source": sample.name, "expected": sample.refused_with or "adapted"}
-        try:
-            report = adapt(sample.build(), **sample.options).report
-        except AdapterError as exc:
-            row.update(outcome=type(exc).__name__, error=str(exc).splitlines()[0])
-        else:
-            row.update(outcome="adapted", report=report.to_dict())
-        row["ok"] = row["outcome"] == row["expected"]
-        ok &= row["ok"]
-        rows.append(row)
-    return rows, ok
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    cells = []
-    for row in rows:
-        r = row.get("report")
-        if r:
-            cells.append(
-                (
-                    row["source"],
-                    r["recognizer"],
-                    r["kind"].upper(),
-                    str(len(r["layer_ids"])),
-                    str(len({lid for lid, _ in r["excluded_layers"]})),
-                    f"{r['rows']} -> {r['aligned_rows']}",
-                    str(r["bytes_aliased"]),
-                    str(r["bytes_copied"]),
-                )
-            )
-        else:
-            cells.append((row["source"], "-", f"refused: {row['outcome']}", "-", "-", "-", "-", "-"))
-    widths = [max(len(c[i]) for c in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
-
-    def line(c: Sequence[str]) -> str:
-        return "  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip()
-
-    return "\n".join([line(_COLUMNS), line(tuple("-" * w for w in widths)), *map(line, cells)])
+Start with `flexkv-adapter demo`; `flexkv-adapter COMMAND --help` describes each command.
+Python API: `from flexkv_adapter import adapt, plan, register`."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    rows, ok = _demo_rows()
-    if args.json:
-        print(json.dumps({"ok": ok, "pools": rows}, indent=2))
-    else:
-        print(_table(rows))
+    from .demo import demo_rows, table
+
+    rows, ok = demo_rows(quiet=args.verbose == 0)
+    print(json.dumps({"ok": ok, "pools": rows}, indent=2) if args.json else table(rows))
     if not ok:
         bad = next(r for r in rows if not r["ok"])
         print(f"error: {bad['source']}: expected {bad['expected']}, got {bad['outcome']}", file=sys.stderr)
@@ -110,19 +59,30 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flexkv-adapter", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="flexkv-adapter", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="adapt one small CPU pool of every supported kind and print a table")
+    # -v after the subcommand too: its own dest, summed in main(), so neither place overrides the other
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = sub.add_parser(
+        "demo", parents=[verbose], help="adapt one small CPU pool of every supported kind and print a table"
+    )
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=_cmd_demo)
-    doctor = sub.add_parser("doctor", help="preflight: environment, FlexKV, resolved settings and their sources")
+    doctor = sub.add_parser(
+        "doctor", parents=[verbose], help="preflight: environment, FlexKV, resolved settings and their sources"
+    )
     doctor.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--require-flexkv", action="store_true", help="treat a missing FlexKV as an error")
     doctor.set_defaults(func=_cmd_doctor)
-    inspect = sub.add_parser("inspect", help="validate layout spec YAML files and explain what they mean")
+    inspect = sub.add_parser(
+        "inspect", parents=[verbose], help="validate layout spec YAML files and explain what they mean"
+    )
     inspect.add_argument("specs", nargs="+", help="spec files (see configs/layouts/)")
     inspect.add_argument("--json", action="store_true", help="one JSON object per spec")
     inspect.set_defaults(func=_cmd_inspect)
@@ -134,11 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["start-remote"]:  # its own parser, logging and exit handling
+    lead = 0  # -v before the command is ours; start-remote takes its own -v
+    while lead < len(argv) and (argv[lead] == "--verbose" or (len(argv[lead]) > 1 and argv[lead].rstrip("v") == "-")):
+        lead += 1
+    if argv[lead : lead + 1] == ["start-remote"]:  # its own parser, logging and exit handling
         from .remote.cli import entry_point
 
-        entry_point(argv[1:], prog="flexkv-adapter start-remote")
-    args = build_parser().parse_args(argv)
+        entry_point(argv[lead + 1 :] + (["--verbose"] if lead else []), prog="flexkv-adapter start-remote")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `flexkv-adapter`: show what there is
+        parser.print_help()
+        return 0
+    args.verbose += args.sub_verbose
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
         format="%(levelname)s %(name)s: %(message)s",

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from .errors import SettingsError
+from .errors import FLEXKV_INSTALL_HINT, SettingsError
 from .hosts import classify_host
 from .settings import AdapterSettings, config_file_in_use, load_settings, setting_sources
 
@@ -25,9 +25,9 @@ class Check:
     detail: str
 
 
-def _import_check(name: str, module: str, needed_for: str, required: bool) -> Check:
+def _import_check(name: str, module: str, needed_for: str, required: bool, hint: str = "") -> Check:
     if importlib.util.find_spec(module.split(".")[0]) is None:
-        return Check(name, "error" if required else "warn", f"not installed; {needed_for}")
+        return Check(name, "error" if required else "warn", f"not installed; {needed_for}{hint}")
     try:
         importlib.import_module(module)
     except Exception as exc:  # ImportError, OSError (libcudart), anything a broken build raises
@@ -99,7 +99,10 @@ def run_doctor(config_file: str | Path | None = None, require_flexkv: bool = Fal
     )
     if not cuda:
         checks.append(Check("cuda", "warn", "no CUDA device: adapt() works, FlexKV registration needs CUDA tensors"))
-    checks.append(_import_check("flexkv", "flexkv.common.storage", "needed by to_flexkv()/register()", require_flexkv))
+    hint = f". {FLEXKV_INSTALL_HINT}"
+    checks.append(
+        _import_check("flexkv", "flexkv.common.storage", "needed by to_flexkv()/register()", require_flexkv, hint)
+    )
     checks.append(_import_check("flexkv.c_ext", "flexkv.c_ext", "needed by start-remote", require_flexkv))
     settings: dict[str, Any] = {}
     try:

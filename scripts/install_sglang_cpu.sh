@@ -4,17 +4,17 @@
 # packages it needs at import time for sglang.srt.mem_cache (found by trial). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/_install_lib.sh
 PYTHON=${PYTHON:-python3}
 VENV=${SGLANG_VENV:-.venv-sglang}
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
-fi
-pip_install() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored" || true; }
+make_venv "$PYTHON" "$VENV"
 if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.memory_pool" 2>/dev/null; then
-    pip_install torch==2.14.1 torchvision==0.29.1
-    pip_install orjson psutil pybase64 requests triton pillow starlette msgspec pyzmq tqdm ipython aiohttp \
+    step "torch 2.14.1 + torchvision 0.29.1 into $VENV" "~4.5 GB on disk: torch 1.2 GB, its CUDA libraries 3.2 GB" "3-10 minutes" \
+        pip_q "$VENV" torch==2.14.1 torchvision==0.29.1
+    step "SGLang's import-time dependencies into $VENV" "~1.3 GB: triton, transformers, ..." "1-3 minutes" \
+        pip_q "$VENV" orjson psutil pybase64 requests triton pillow starlette msgspec pyzmq tqdm ipython aiohttp \
         transformers dill apache-tvm-ffi sentencepiece compressed-tensors gguf
-    pip_install --no-deps sglang==0.5.23
+    step "sglang 0.5.23 (no dependency tree) into $VENV" "~220 MB" "under a minute" pip_q "$VENV" --no-deps sglang==0.5.23
 fi
-pip_install -e ".[test]"
+install_project "$VENV"
 "$VENV/bin/python" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"

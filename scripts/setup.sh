@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install flexkv-adapter with its test tools. Idempotent.
+# Create .venv (once) and install flexkv-adapter with its test tools. Idempotent: a second run
+# reinstalls nothing unless pyproject.toml changed (the install is editable, so code changes need none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/_install_lib.sh
 PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
-pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored" || true; }
+make_venv "$PYTHON" .venv
 # torch first and pinned: the CPU build lies on local disk; an unpinned torch would pull a CUDA build.
-.venv/bin/python -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
-pip_install -e ".[test]"
-.venv/bin/python -c "import flexkv_adapter, torch; print('flexkv-adapter', flexkv_adapter.__version__, 'torch', torch.__version__)"
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
+    step "torch 2.13.0 (CPU build) into .venv" "~750 MB on disk" "1-3 minutes" pip_q .venv "torch==2.13.0"
+fi
+install_project .venv
+# versions from the metadata: importing torch here would add seconds to every demo run
+.venv/bin/python -c "from importlib.metadata import version as v; print('flexkv-adapter', v('flexkv-adapter'), 'torch', v('torch'))"

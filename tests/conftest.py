@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -43,3 +44,31 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# The engine tiers run in their own environments (scripts/test.sh runs each right after the main
+# suite). Where a tier's engine is not installed at all, the tier is not collected and one line in
+# the summary says so, instead of one SKIPPED line per test. Named on the command line, it is.
+_TIERS = {"sglang": "scripts/install_sglang_cpu.sh", "vllm": "scripts/install_vllm_cpu.sh"}
+_HERE = Path(__file__).parent
+_left_out: list[str] = []
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    tier = collection_path.name
+    if collection_path.parent != _HERE or tier not in _TIERS or importlib.util.find_spec(tier) is not None:
+        return None
+    asked = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    if collection_path in asked:
+        return None  # asked for by name: its own conftest skips each test, saying why
+    if any(a == _HERE or a in _HERE.parents for a in asked) and tier not in _left_out:
+        _left_out.append(tier)  # a run over the whole suite: say once that this tier was left out
+    return True
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for tier in _left_out:
+        terminalreporter.write_line(
+            f"SKIPPED tests/{tier}: {tier} is not installed in this environment; "
+            f"{_TIERS[tier]} installs it in its own (scripts/test.sh runs that tier there)"
+        )

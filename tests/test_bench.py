@@ -23,3 +23,11 @@ def test_run_point_reports_time_and_copied_bytes(bench, method, copies):
     r = bench.run_point(method, layers=4, rows=40, repeats=2)
     assert r["median_s"] > 0 and r["pool_bytes"] == 4 * 2 * 40 * bench.ROW_BYTES
     assert (r["bytes_copied"] > 0) is copies
+
+
+def test_timing_repeats_in_rounds_until_the_minimum_settles(bench):
+    calls = []
+    times = bench._time_until_stable(lambda: calls.append(1), repeats=4)
+    assert len(times) == len(calls) and len(times) % 4 == 0
+    assert 8 <= len(times) <= 48  # at least two rounds to see it settle, at most twelve
+    assert all(t >= 0 for t in times)

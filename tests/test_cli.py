@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from flexkv_adapter import __version__
 from flexkv_adapter.cli import main
 from flexkv_adapter.samples import SAMPLES
 
@@ -26,14 +30,51 @@ def test_demo_table(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:2] == ["source", "recognizer"]
-    assert "sglang MHA" in out and "refused: NotAddressableError" in out
+    assert "sglang MHA" in out and "refused: NotAddressableError [" in out
+
+
+def test_demo_gives_full_reasons_in_json_and_footnotes_and_keeps_expected_warnings_quiet(capsys, caplog):
+    assert main(["demo", "--json"]) == 0
+    captured = capsys.readouterr()
+    pools = json.loads(captured.out)["pools"]
+    ambiguous = next(p for p in pools if p["outcome"] == "AmbiguousLayoutError")
+    assert "\n" in ambiguous["error"] and "Fix:" in ambiguous["error"]  # the readings and the fix, not line 1
+    opted = [p for p in pools if "attention_only" in p["source"]]
+    assert opted and all(p["warnings"] and p["warnings"][0]["level"] == "WARNING" for p in opted)
+    assert not caplog.records  # expected, so not on the first-time user's screen (they are footnotes)
+    assert main(["demo"]) == 0
+    captured = capsys.readouterr()
+    table, _, notes = captured.out.partition("\nNotes")
+    marked = [line for line in table.splitlines() if re.search(r" \[\d+\] ", line)]
+    assert len(marked) == len(opted) + sum("error" in p for p in pools)
+    assert all(f"\n[{n}] expected " in "\n" + notes.split("\n", 1)[1] for n in range(1, len(marked) + 1))
+    assert "Fix: pass axes=" in notes and "offloading attention layers" in notes
+    assert not caplog.records
+
+
+def test_demo_verbose_after_the_subcommand_shows_the_warnings(caplog):
+    assert main(["demo", "-v"]) == 0
+    assert any("offloading attention layers" in r.getMessage() for r in caplog.records)
+
+
+def test_bare_command_prints_help_without_markup(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: flexkv-adapter") and "demo" in out and "doctor" in out
+    assert "``" not in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"flexkv-adapter {__version__}"
 
 
 def test_demo_fails_with_one_line_error_when_a_sample_misbehaves(capsys, monkeypatch):
-    from flexkv_adapter import cli, samples
+    from flexkv_adapter import demo, samples
 
     broken = samples.Sample("broken", lambda: object(), {"page_size": 16})
-    monkeypatch.setattr(cli, "_samples", lambda: (broken,))
+    monkeypatch.setattr(demo, "_samples", lambda: (broken,))
     assert main(["demo"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: broken: expected adapted, got UnsupportedPoolError"]
@@ -45,3 +86,10 @@ def test_console_script_runs_the_demo():
     done = subprocess.run([exe, "demo", "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True
+
+
+@pytest.mark.parametrize("argv", [["-v", "start-remote", "--help"], ["start-remote", "--help"]])
+def test_start_remote_is_reached_with_or_without_a_leading_v(capsys, argv):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("usage: flexkv-adapter start-remote")

@@ -31,6 +31,7 @@ def test_healthy_single_node_passes_and_reports_sources(capsys, monkeypatch, no_
     code, result = _doctor(capsys)
     assert code == 0 and result["ok"]
     assert _check(result, "flexkv")["status"] == "warn"
+    assert "build it from source" in _check(result, "flexkv")["detail"]  # how to get it, as start_remote says
     assert result["settings"]["master_ports"] == {"value": [7000, 7001, 7002], "source": "env FLEXKV_MASTER_PORTS"}
     assert result["settings"]["tp_size"]["source"] == "default"
 

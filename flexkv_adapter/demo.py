@@ -1,0 +1,127 @@
+"""``flexkv-adapter demo``: adapt one small CPU pool of every supported kind, and say why for each refusal.
+
+Refusals and opt-in warnings are expected outcomes here, so they are shown as numbered footnotes
+under the table (full text, ``Fix:`` lines included) instead of as log lines that look like failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .errors import AdapterError
+
+COLUMNS = ("source", "recognizer", "view", "layers", "excluded", "rows", "bytes aliased", "bytes copied")
+_WIDTH = 100
+
+
+def _samples() -> Any:
+    from .samples import SAMPLES
+
+    return SAMPLES
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[dict[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append({"level": record.levelname, "logger": record.name, "message": record.getMessage()})
+
+
+@contextmanager
+def _captured(quiet: bool) -> Iterator[_Capture]:
+    """Collect the library's warnings; with ``quiet``, keep them off stderr (they become footnotes)."""
+    logger = logging.getLogger("flexkv_adapter")
+    capture, propagate = _Capture(), logger.propagate
+    logger.addHandler(capture)
+    logger.propagate = propagate and not quiet
+    try:
+        yield capture
+    finally:
+        logger.removeHandler(capture)
+        logger.propagate = propagate
+
+
+def demo_rows(quiet: bool = True) -> tuple[list[dict[str, Any]], bool]:
+    """One row per sample: outcome, the full error or report, and the warnings it logged."""
+    from .adapting import adapt
+
+    rows: list[dict[str, Any]] = []
+    ok = True
+    for sample in _samples():
+        row: dict[str, Any] = {"source": sample.name, "expected": sample.refused_with or "adapted"}
+        with _captured(quiet) as capture:
+            try:
+                report = adapt(sample.build(), **sample.options).report
+            except AdapterError as exc:
+                row.update(outcome=type(exc).__name__, error=str(exc))
+            else:
+                row.update(outcome="adapted", report=report.to_dict())
+        row["warnings"] = capture.messages
+        row["ok"] = row["outcome"] == row["expected"]
+        ok &= row["ok"]
+        rows.append(row)
+    return rows, ok
+
+
+def _note(row: dict[str, Any]) -> str | None:
+    """The footnote text of a row, or None when there is nothing to explain."""
+    tag = "expected" if row["ok"] else "UNEXPECTED"
+    if "error" in row:
+        return f"{tag} refusal, {row['outcome']}: {row['error']}"
+    if row["warnings"]:
+        opted = " (the sample opts in with hybrid='attention_only')" if "attention_only" in row["source"] else ""
+        return f"{tag} warning{opted}: " + "\n".join(w["message"] for w in row["warnings"])
+    return None
+
+
+def _cells(row: dict[str, Any], mark: str) -> tuple[str, ...]:
+    r = row.get("report")
+    if not r:
+        return (row["source"], "-", f"refused: {row['outcome']}{mark}", "-", "-", "-", "-", "-")
+    return (
+        row["source"],
+        r["recognizer"],
+        r["kind"].upper() + mark,
+        str(len(r["layer_ids"])),
+        str(len({lid for lid, _ in r["excluded_layers"]})),
+        f"{r['rows']} -> {r['aligned_rows']}",
+        str(r["bytes_aliased"]),
+        str(r["bytes_copied"]),
+    )
+
+
+def _wrap(number: int, text: str) -> list[str]:
+    head, indent = f"[{number}] ", " " * (len(str(number)) + 3)
+    out: list[str] = []
+    for i, para in enumerate(text.splitlines()):
+        first = head if i == 0 else indent
+        wrapped = textwrap.wrap(para, _WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False)
+        out += wrapped or [first]
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The table, with ``[n]`` marks in the view column and the notes they point to below it."""
+    cells, notes = [], []
+    for row in rows:
+        note = _note(row)
+        if note:
+            notes.append(note)
+        cells.append(_cells(row, f" [{len(notes)}]" if note else ""))
+    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+
+    def line(c: Sequence[str]) -> str:
+        return "  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip()
+
+    lines = [line(COLUMNS), line(tuple("-" * w for w in widths)), *map(line, cells)]
+    if notes:
+        lines += ["", "Notes (refusals and warnings the demo expects; `demo --json` has them too):"]
+        for number, note in enumerate(notes, 1):
+            lines += _wrap(number, note)
+    return "\n".join(lines)

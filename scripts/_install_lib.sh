@@ -1,0 +1,62 @@
+# shellcheck shell=bash
+# Sourced by setup.sh and the tier installers (run from the repository root): a progress line with
+# size and rough time before each long install, its duration after, and no reinstall of this
+# checkout when it is already installed from here and pyproject.toml has not changed.
+
+say() { printf '%s\n' "$*" >&2; }
+
+# pip_q VENV ARGS...: a quiet pip install into VENV (local-index notices filtered out). A failure shows
+# in the import check each script ends with.
+pip_q() {
+    local venv=$1
+    shift
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored" || true
+}
+
+# step WHAT SIZE TIME CMD...: say what is being installed, how big and how long, then run CMD.
+step() {
+    local what=$1 size=$2 eta=$3 t0=$SECONDS
+    shift 3
+    say "setup: installing $what ($size, $eta) ..."
+    "$@"
+    say "setup: $what: done in $((SECONDS - t0)) s"
+}
+
+# make_venv PYTHON VENV: create VENV once; a python without venv/ensurepip gets the fix, not a traceback.
+make_venv() {
+    local python=$1 venv=$2
+    [ -x "$venv/bin/python" ] && return
+    if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+        say "setup: $python is missing or older than 3.10; run with PYTHON=/path/to/python3.10+ bash $0"
+        exit 1
+    fi
+    if ! "$python" -m venv "$venv"; then
+        rm -rf "$venv"
+        say "setup: '$python -m venv' failed; on Debian/Ubuntu install python3-venv (apt-get install python3-venv)"
+        exit 1
+    fi
+}
+
+_stamp() { echo "$(sha256sum pyproject.toml | cut -d' ' -f1) $PWD"; }
+
+# installed_here VENV: this checkout is what VENV imports (editable), with its console script, and
+# pyproject.toml (dependencies, entry points) is what it was installed from.
+installed_here() {
+    local venv=$1
+    [ -f "$venv/.flexkv-adapter-installed" ] && [ "$(cat "$venv/.flexkv-adapter-installed")" = "$(_stamp)" ] \
+        && [ -x "$venv/bin/flexkv-adapter" ] \
+        && "$venv/bin/python" -c "import importlib.util as u, sys; s = u.find_spec('flexkv_adapter'); \
+sys.exit(s is None or s.origin != sys.argv[1])" "$PWD/flexkv_adapter/__init__.py" 2>/dev/null
+}
+
+# install_project VENV: editable install of this checkout with its test tools, once.
+install_project() {
+    local venv=$1
+    if installed_here "$venv"; then
+        say "setup: flexkv-adapter is installed in $venv from this checkout and pyproject.toml is unchanged: skipped"
+        return
+    fi
+    rm -f "$venv/.flexkv-adapter-installed"
+    step "flexkv-adapter (editable) and its test tools into $venv" "~60 MB" "under a minute" pip_q "$venv" -e ".[test]"
+    _stamp >"$venv/.flexkv-adapter-installed"
+}
