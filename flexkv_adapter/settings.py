@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from contextvars import ContextVar
 from difflib import get_close_matches
 from pathlib import Path
@@ -123,6 +124,13 @@ class AdapterSettings(BaseSettings):
         """The kernel, ZMQ and getaddrinfo refuse NUL late, as a raw ValueError: refuse it at load."""
         if value is not None and "\0" in str(value):
             raise ValueError("contains a NUL character, which no path, address or name can hold")
+        return value
+
+    @field_validator("transfer_manager")
+    @classmethod
+    def _module_colon_class(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value, re.ASCII):
+            raise ValueError("expected 'module:Class', like flexkv.transfer_manager:TransferManagerOnRemote")
         return value
 
     @field_validator("master_ports", mode="before")

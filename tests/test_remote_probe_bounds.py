@@ -82,8 +82,8 @@ HOSTILE = {
     "deep json": lambda c: c.sendall(_http(b"[" * 60000 + b"]" * 60000)),
     "short body": lambda c: c.sendall(_http(b'{"state": "ready"}')[:-5]),
     "headers without end": lambda c: c.sendall(b"HTTP/1.0 200 OK\r\n" + b"X: y\r\n" * 3000),
-    "trickled bytes": _trickle(_http(b'{"state": "ready"}'), 12, 0.4),
-    "one header line at a time": _trickle(_http(b"{}", *[b"X-A: b"] * 40), 8, 0.3),
+    "trickled bytes": _trickle(_http(b'{"state": "ready"}'), 4, 0.15),  # each pause under a read timeout
+    "one header line at a time": _trickle(_http(b"{}", *[b"X-A: b"] * 40), 8, 0.15),
 }
 
 
