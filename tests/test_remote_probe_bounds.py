@@ -189,3 +189,17 @@ def test_a_duration_its_consumer_cannot_take_is_refused_at_load(key, value):
 
     with pytest.raises(SettingsError, match=key):
         load_settings(**{key: value})
+
+
+def test_a_real_start_remote_killed_after_answering_is_reported_gone(tmp_path):
+    from .remote_harness import Remote
+
+    remote = Remote(tmp_path)  # no master: it answers waiting_for_master until connect_timeout
+    remote.wait_state("waiting_for_master")
+    threading.Timer(0.3, remote.proc.kill).start()
+    settings = load_settings(health_port=remote.health_port, remote_wait_s=60, remote_absent_s=30)
+    start = time.monotonic()
+    with pytest.raises(ExternalRemoteError, match=rf"went away after answering \(its process \(pid {remote.proc.pid}"):
+        wait_for_start_remote(settings, "127.0.0.1", [str(p) for p in remote.ports], poll_s=0.05)
+    assert time.monotonic() - start < 5
+    assert remote.finish()[0] == -9
