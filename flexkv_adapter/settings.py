@@ -48,6 +48,8 @@ ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit millisecon
 Seconds = Annotated[PositiveFloat, Field(le=WAIT_MAX_S)]
 SecondsOrZero = Annotated[NonNegativeFloat, Field(le=WAIT_MAX_S)]
 ZmqSeconds = Annotated[PositiveFloat, Field(le=ZMQ_MS_MAX_S)]
+IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
 # Settings the kernel, ZMQ, getaddrinfo or importlib receive as strings: none may hold NUL.
 _PATH_FIELDS = ("server_recv_port", "ready_file", "lock_dir", "transfer_manager", "master_host", "health_host")
 _file_data: ContextVar[dict[str, Any] | None] = ContextVar("flexkv_adapter_file_data", default=None)
@@ -124,6 +126,20 @@ class AdapterSettings(BaseSettings):
         """The kernel, ZMQ and getaddrinfo refuse NUL late, as a raw ValueError: refuse it at load."""
         if value is not None and "\0" in str(value):
             raise ValueError("contains a NUL character, which no path, address or name can hold")
+        return value
+
+    @field_validator("server_recv_port")
+    @classmethod
+    def _ipc_path_fits(cls, value: str) -> str:
+        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must fit
+        a unix socket address (107 bytes), or ZMQ refuses it only once the remote binds it."""
+        if value.startswith("ipc://"):
+            longest = len(f"{value[6:]}{IPC_SUFFIX}".encode())
+            if longest > IPC_PATH_MAX:
+                raise ValueError(
+                    f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
+                    f"most {IPC_PATH_MAX}: choose a shorter path"
+                )
         return value
 
     @field_validator("transfer_manager")

@@ -203,3 +203,12 @@ def test_a_real_start_remote_killed_after_answering_is_reported_gone(tmp_path):
         wait_for_start_remote(settings, "127.0.0.1", [str(p) for p in remote.ports], poll_s=0.05)
     assert time.monotonic() - start < 5
     assert remote.finish()[0] == -9
+
+
+def test_an_ipc_server_port_too_long_for_a_unix_socket_is_refused_at_load():
+    from flexkv_adapter.errors import SettingsError
+
+    fits = "ipc:///" + "a" * (107 - 1 - len("_gpu_register_control"))
+    assert load_settings(server_recv_port=fits).server_recv_port == fits
+    with pytest.raises(SettingsError, match="server_recv_port=.*at most 107"):
+        load_settings(server_recv_port=fits + "a")
