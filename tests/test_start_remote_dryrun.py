@@ -116,29 +116,29 @@ def test_a_class_that_is_not_a_transfer_manager_is_refused_with_2(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "status", "text"),
+    ("dry", "flags", "status", "text"),
     [
-        ({"master_ports": "5556,5556,5558"}, ExitCode.BAD_PORTS, "must be distinct"),
-        ({"master_lost": 3000000}, ExitCode.SETTINGS, "master_lost_s=3000000"),
-        ({"probe_interval": 2200000}, ExitCode.SETTINGS, "probe_interval_s="),
-        ({"grace": "1e300"}, ExitCode.SETTINGS, "grace_s="),
-        ({"nnodes": "x"}, ExitCode.SETTINGS, "invalid command line"),
+        (False, {"master_ports": "5556,5556,5558"}, ExitCode.BAD_PORTS, "must be distinct"),
+        (True, {"master_ports": "5556,5556,5558"}, ExitCode.BAD_PORTS, "must be distinct"),
+        (False, {"master_lost": 3000000}, ExitCode.SETTINGS, "master_lost_s=3000000"),
+        (True, {"probe_interval": 2200000}, ExitCode.SETTINGS, "probe_interval_s="),
+        (True, {"grace": "1e300"}, ExitCode.SETTINGS, "grace_s="),
+        (False, {"nnodes": "x"}, ExitCode.SETTINGS, "invalid command line"),
     ],
 )
-def test_every_refusal_prints_the_error_line_with_its_status(tmp_path, flags, status, text):
-    for extra in (["--dry-run"], []):
-        code, _, err = run(tmp_path, *extra, **flags)
-        lines = [line for line in err.splitlines() if " ERROR start_remote: " in line]
-        assert code == status and len(lines) == 1 and text in lines[0], err
+def test_every_refusal_prints_the_error_line_with_its_status(tmp_path, dry, flags, status, text):
+    code, _, err = run(tmp_path, *(["--dry-run"] if dry else []), **flags)
+    lines = [line for line in err.splitlines() if " ERROR start_remote: " in line]
+    assert code == status and len(lines) == 1 and text in lines[0], err
 
 
-@pytest.mark.parametrize("key", ["lock_dir", "ready_file", "server_recv_port"])
-def test_nul_in_a_path_setting_exits_2_with_its_line(tmp_path, key):
+@pytest.mark.parametrize(("key", "dry"), [("lock_dir", True), ("ready_file", False), ("server_recv_port", True)])
+def test_nul_in_a_path_setting_exits_2_with_its_line(tmp_path, key, dry):
     config = tmp_path / "remote.yaml"
     config.write_text(f'{key}: "{tmp_path}/x\\0y"\n')
-    for extra in (["--dry-run"], []):
-        code, _, err = run(tmp_path, "--config", str(config), *extra, lock_dir=None if key == "lock_dir" else tmp_path)
-        assert code == ExitCode.SETTINGS and f"{key}=" in err and "NUL" in err, err
+    extra = ["--dry-run"] if dry else []
+    code, _, err = run(tmp_path, "--config", str(config), *extra, lock_dir=None if key == "lock_dir" else tmp_path)
+    assert code == ExitCode.SETTINGS and f"{key}=" in err and "NUL" in err, err
 
 
 def test_help_shows_defaults_and_the_exit_table(tmp_path):
