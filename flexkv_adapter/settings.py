@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from contextvars import ContextVar
 from difflib import get_close_matches
 from pathlib import Path
@@ -41,6 +42,16 @@ from .yamlfile import as_path, read_yaml_mapping, shown
 ENV_PREFIX = "FLEXKV_ADAPTER_"
 CONFIG_ENV = "FLEXKV_ADAPTER_CONFIG"
 Port = Annotated[int, NoBool, Field(ge=1, le=65535)]
+# Durations, bounded by what consumes them (checked at load, before anything connects):
+WAIT_MAX_S = 1e9  # Event.wait/sleep/socket timeouts (CPython's limit is about 9.2e9 s)
+ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit milliseconds (about 24.8 days)
+Seconds = Annotated[PositiveFloat, Field(le=WAIT_MAX_S)]
+SecondsOrZero = Annotated[NonNegativeFloat, Field(le=WAIT_MAX_S)]
+ZmqSeconds = Annotated[PositiveFloat, Field(le=ZMQ_MS_MAX_S)]
+IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
+# Settings the kernel, ZMQ, getaddrinfo or importlib receive as strings: none may hold NUL.
+_PATH_FIELDS = ("server_recv_port", "ready_file", "lock_dir", "transfer_manager", "master_host", "health_host")
 _file_data: ContextVar[dict[str, Any] | None] = ContextVar("flexkv_adapter_file_data", default=None)
 
 
@@ -59,9 +70,9 @@ class AdapterSettings(BaseSettings):
     hybrid: Literal["error", "attention_only"] = "error"
     tp_size: PositiveInt = 1
     total_kv_heads: PositiveInt | None = None
-    align_timeout_s: PositiveFloat = 60.0
+    align_timeout_s: Seconds = 60.0
     register_attempts: PositiveInt = 360
-    register_interval_s: NonNegativeFloat = 1.0
+    register_interval_s: SecondsOrZero = 1.0
 
     # multi-node deployment (FlexKV's variables accepted too)
     nnodes: PositiveInt = 1
@@ -77,14 +88,14 @@ class AdapterSettings(BaseSettings):
 
     # scripts/start_remote.py
     transfer_manager: str = "flexkv.transfer_manager:TransferManagerOnRemote"
-    connect_timeout_s: PositiveFloat = 300.0
-    handshake_timeout_s: PositiveFloat = 300.0
-    gpu_timeout_s: PositiveFloat = 600.0
-    engine_timeout_s: PositiveFloat = 900.0
-    grace_s: PositiveFloat = 30.0
-    reap_grace_s: PositiveFloat = 25.0
-    probe_interval_s: PositiveFloat = 5.0
-    master_lost_s: PositiveFloat = 30.0
+    connect_timeout_s: Seconds = 300.0
+    handshake_timeout_s: Seconds = 300.0
+    gpu_timeout_s: Seconds = 600.0
+    engine_timeout_s: Seconds = 900.0
+    grace_s: Seconds = 30.0
+    reap_grace_s: Seconds = 25.0
+    probe_interval_s: ZmqSeconds = 5.0
+    master_lost_s: ZmqSeconds = 30.0
     keep_cuda_visible_devices: bool = False
     health_host: str = "127.0.0.1"
     health_port: Port | None = None
@@ -96,8 +107,8 @@ class AdapterSettings(BaseSettings):
     # waits for scripts/start_remote.py instead.
     sglang: bool = False
     remote: Literal["engine", "external"] = "engine"
-    remote_wait_s: PositiveFloat = 600.0
-    remote_absent_s: PositiveFloat = 60.0
+    remote_wait_s: Seconds = 600.0
+    remote_absent_s: Seconds = 60.0
 
     @field_validator("master_host")
     @classmethod
@@ -107,6 +118,35 @@ class AdapterSettings(BaseSettings):
                 "is a wildcard (unspecified) address that a server binds to, not the address of a master; "
                 "give node 0's reachable IP address or host name"
             )
+        return value
+
+    @field_validator(*_PATH_FIELDS)
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        """The kernel, ZMQ and getaddrinfo refuse NUL late, as a raw ValueError: refuse it at load."""
+        if value is not None and "\0" in str(value):
+            raise ValueError("contains a NUL character, which no path, address or name can hold")
+        return value
+
+    @field_validator("server_recv_port")
+    @classmethod
+    def _ipc_path_fits(cls, value: str) -> str:
+        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must fit
+        a unix socket address (107 bytes), or ZMQ refuses it only once the remote binds it."""
+        if value.startswith("ipc://"):
+            longest = len(f"{value[6:]}{IPC_SUFFIX}".encode())
+            if longest > IPC_PATH_MAX:
+                raise ValueError(
+                    f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
+                    f"most {IPC_PATH_MAX}: choose a shorter path"
+                )
+        return value
+
+    @field_validator("transfer_manager")
+    @classmethod
+    def _module_colon_class(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value, re.ASCII):
+            raise ValueError("expected 'module:Class', like flexkv.transfer_manager:TransferManagerOnRemote")
         return value
 
     @field_validator("master_ports", mode="before")

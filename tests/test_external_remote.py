@@ -143,7 +143,7 @@ def test_a_non_json_health_answer_is_not_taken_for_a_state(unused_port):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with pytest.raises(ExternalRemoteError, match="without a JSON state"):
-            _wait(health_port=server.server_address[1], remote_absent_s=0.2)
+            _wait(health_port=server.server_address[1], remote_absent_s=0.5)
     finally:
         server.shutdown()
         server.server_close()

@@ -67,3 +67,21 @@ def test_reset_or_odd_health_requests_are_answered_without_a_traceback(capfd):
 def test_a_health_host_that_cannot_be_encoded_exits_9(tmp_path):
     code, line = startup(tmp_path, health_port=free_ports(1)[0], health_host="a" * 70 + ".example")
     assert code == ExitCode.HEALTH_ENDPOINT and "health endpoint cannot listen" in line, line
+
+
+def test_binding_the_health_endpoint_makes_no_dns_lookup(monkeypatch):
+    """HTTPServer.server_bind calls getfqdn() on the main thread, where a slow resolver delays signals."""
+
+    def no_dns(*args):
+        raise AssertionError("getfqdn called")
+
+    monkeypatch.setattr(socket, "getfqdn", no_dns)
+    server = HealthServer(StateTracker({}), "127.0.0.1", 0)
+    server.start()
+    try:
+        assert server._server.server_name == "127.0.0.1" and server._server.server_port == server.address[1]
+        with socket.create_connection(("127.0.0.1", server.address[1]), timeout=2) as client:
+            client.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            assert client.recv(64).startswith(b"HTTP/1.0 503")
+    finally:
+        server.stop()

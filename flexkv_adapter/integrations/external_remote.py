@@ -16,20 +16,21 @@ import os
 import socket
 import stat
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import AdapterError
 from ..settings import AdapterSettings
+from . import health_probe
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY = 64 * 1024  # start_remote's answers are small JSON; never read a stream or a device to its end
+MAX_BODY = health_probe.MAX_BODY  # small JSON; never read a stream or a device to its end
+PROBE_S = 2.0  # one probe at most, so a slow port is retried rather than waited on
+PID_MAX = 2**22  # the kernel's largest pid_max: a bigger "pid" names no process
 # start_remote's states once the master's config arrived (registration may proceed), and its dead ends.
 PROCEED_STATES = frozenset({"waiting_for_gpus", "starting_engine", "ready"})
 FAILED_STATES = frozenset({"failed", "shutting_down"})
@@ -50,6 +51,7 @@ class Probe:
     state: str | None
     seen: str
     master: str | None = None
+    pid: int | None = None
 
 
 class ExternalRemote:
@@ -84,27 +86,15 @@ class ExternalRemote:
         return f"<ExternalRemote via {self.source}>"
 
 
-def _client_host(host: str) -> str:
-    if host in ("0.0.0.0", "", "::"):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
-# The endpoint is on this node: never through an http_proxy from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def probe_health(host: str, port: int, timeout_s: float) -> Probe:
-    """GET start_remote's health endpoint; it answers 503 with the same JSON body until ready."""
-    url = f"http://{_client_host(host)}:{port}/"
+    """GET start_remote's health endpoint within ``timeout_s`` in all; it answers 503 with the same
+    JSON body until ready. Whatever else answers (or nothing) is a Probe without a state."""
+    where = f"http://{host}:{port}/"
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
-            body = response.read(MAX_BODY)
-    except urllib.error.HTTPError as exc:
-        body = exc.read(MAX_BODY)
-    except (urllib.error.URLError, OSError) as exc:
-        return Probe(None, f"no answer on {url} ({getattr(exc, 'reason', exc)})")
-    return _parse(body, url)
+        _, body = health_probe.get(host, port, timeout_s)
+    except health_probe.ProbeFailed as exc:
+        return Probe(None, f"no answer from start_remote on {where} ({exc})")
+    return _parse(body, where)
 
 
 def probe_ready_file(path: Path) -> Probe:
@@ -132,34 +122,41 @@ def _read_regular_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def _parse(body: bytes, where: str) -> Probe:
+def _json(body: bytes) -> Any:
     try:
-        data: Any = json.loads(body)
-    except ValueError:
-        data = None
+        return json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to be start_remote's
+        return None
+
+
+def _parse(body: bytes, where: str) -> Probe:
+    data = _json(body)
     if not isinstance(data, dict) or not isinstance(data.get("state"), str):
         return Probe(None, f"{where} answered without a JSON state: {body[:120]!r}")
     detail = f" ({data['detail']})" if data.get("detail") else ""
     master = data.get("master") if isinstance(data.get("master"), str) else None
-    return Probe(data["state"], f"{where}: state {data['state']}{detail}", master)
+    return Probe(data["state"], f"{where}: state {data['state']}{detail}", master, _pid_of(body))
 
 
 def _pid_of(body: bytes) -> int | None:
-    try:
-        pid = json.loads(body).get("pid")
-    except (ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) and pid > 0 else None
+    data = _json(body)
+    pid = data.get("pid") if isinstance(data, dict) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
 def _alive(pid: int) -> bool:
+    if pid > PID_MAX:  # os.kill would raise OverflowError; no process has such an id
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie has ended; only its parent has not collected it yet
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def wait_for_start_remote(
@@ -180,36 +177,56 @@ def wait_for_start_remote(
     if settings.health_port is None and settings.ready_file is not None:
         return _from_ready_file(settings.ready_file, expected)
     start = clock()
-    answered = False
+    answered: Probe | None = None  # the last answer with a state, and when it came
+    answered_at = start
     last = Probe(None, "not probed yet")
     logger.info("remote: external: waiting for start_remote (master %s) instead of spawning a remote", expected)
     while True:
+        # every probe ends by the nearest deadline, however slowly the port answers
+        deadline = min(start + settings.remote_wait_s, answered_at + settings.remote_absent_s)
+        budget = max(0.001, min(PROBE_S, deadline - clock()))
         probes = []
         if settings.health_port is not None:
-            probes.append(probe_health(settings.health_host, settings.health_port, timeout_s=min(2.0, poll_s * 4)))
+            probes.append(probe_health(settings.health_host, settings.health_port, timeout_s=budget))
         if settings.ready_file is not None:
             probes.append(probe_ready_file(settings.ready_file))
-        last = next((p for p in probes if p.state is not None), probes[0])
+        seen = next((p for p in probes if p.state is not None), probes[0])
+        cut_short = seen.state is None and budget < PROBE_S and "timed out" in seen.seen
+        last = last if cut_short and last.seen != "not probed yet" else seen  # keep what was seen before
+        now = clock()
         if last.state is not None:
-            answered = True
+            # a pid this process cannot see (another pid namespace) proves nothing later
+            answered, answered_at = (last if last.pid is None or _alive(last.pid) else replace(last, pid=None)), now
             _check_master(last, expected)
             if last.state in PROCEED_STATES:
                 logger.info("remote: external: start_remote is up (%s); nothing spawned", last.seen)
                 return ExternalRemote(last.seen)
             if last.state in FAILED_STATES:
                 raise ExternalRemoteError(f"start_remote on this node reports {last.seen}; see its log. {HINT}")
-        waited = clock() - start
-        if not answered and waited >= settings.remote_absent_s:
+        elif answered is not None:
+            _check_gone(answered, last, now - answered_at, settings.remote_absent_s)
+        elif now - start >= settings.remote_absent_s:
             raise ExternalRemoteError(
                 f"remote: external, but scripts/start_remote.py is not running on this node: nothing answered "
                 f"within remote_absent_s={settings.remote_absent_s:g} s (last: {last.seen}). {HINT}"
             )
-        if waited >= settings.remote_wait_s:
+        if now - start >= settings.remote_wait_s:
             raise ExternalRemoteError(
                 f"start_remote did not reach waiting_for_gpus or ready within remote_wait_s="
                 f"{settings.remote_wait_s:g} s (last: {last.seen}); is node 0 (master {expected}) up?"
             )
-        sleep(poll_s)
+        sleep(max(0.0, min(poll_s, start + settings.remote_wait_s - now)))
+
+
+def _check_gone(answered: Probe, last: Probe, silent_s: float, absent_s: float) -> None:
+    """start_remote answered before and answers no more: its process ended, or it has been silent too long."""
+    gone = answered.pid is not None and not _alive(answered.pid)
+    if gone or silent_s >= absent_s:
+        why = f"its process (pid {answered.pid}) ended" if gone else f"silent for remote_absent_s={absent_s:g} s"
+        raise ExternalRemoteError(
+            f"start_remote went away after answering ({why}); it last reported {answered.seen}, now {last.seen}. "
+            f"See its log and restart it (it exits when it fails; a service manager restarts it). {HINT}"
+        )
 
 
 def _from_ready_file(path: Path, expected: str) -> ExternalRemote:

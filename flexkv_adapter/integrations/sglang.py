@@ -157,7 +157,7 @@ def install() -> None:
     if not opted_in():
         logger.debug("%s: not enabled (set SGLANG_PLUGINS=%s or %s=1)", PREFIX, PLUGIN_NAME, OPT_IN_ENV)
         return
-    if not module_exists("flexkv"):
+    if not module_exists("flexkv.server.client"):  # not just "flexkv": a folder of that name in the cwd is not FlexKV
         logger.info("%s: FlexKV is not installed; nothing to hook", PREFIX)
         return
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")

@@ -132,15 +132,33 @@ def _int(model_config: Any, name: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _head_size(model_config: Any, mla: bool) -> int | None:
-    """FlexKV's head_size for the model; None for NSA indexer models, whose fp8 formula is not mirrored here."""
-    if getattr(model_config, "index_head_dim", None) is not None:
-        return None
+def _head_size(model_config: Any, mla: bool, fp8: bool | None = False) -> int | None:
+    """FlexKV's head_size for the model (FlexKVConfig's SGLang branch, NSA/DSA included); None when
+    it cannot be told (an NSA model whose FlexKV dtype a config file decides)."""
     if not mla:
         return _int(model_config, "head_dim") or None
     rope = _int(model_config, "qk_rope_head_dim")
     latent = _int(model_config, "kv_lora_rank") or _int(model_config, "qk_nope_head_dim")
+    if getattr(model_config, "index_head_dim", None) is not None:  # NSA/DSA: an fp8 row packs scales too
+        if fp8 is None:
+            return None
+        if fp8:
+            lora = _int(model_config, "kv_lora_rank")
+            return lora + lora // 128 * 4 + rope * torch.bfloat16.itemsize
     return latent + rope or None
+
+
+def _flexkv_fp8(model_config: Any, server_args: Any, environ: Any = os.environ) -> bool | None:
+    """Whether FlexKV's ModelConfig.dtype is float8_e4m3fn, by flexkv_itemsize's sources; None if unknown."""
+    if environ.get("FLEXKV_CONFIG_PATH"):
+        return None
+    for name, value in (
+        ("env", environ.get("FLEXKV_KV_CACHE_DTYPE")),
+        ("--kv-cache-dtype", getattr(server_args, "kv_cache_dtype", None)),
+    ):
+        if isinstance(value, str) and (name != "--kv-cache-dtype" or value != "auto"):
+            return value.lower() in ("fp8", "float8", "e4m3", "fp8_e4m3")
+    return getattr(model_config, "dtype", torch.bfloat16) == torch.float8_e4m3fn
 
 
 # FlexKVConfig._resolve_dtype's table: a name it does not know becomes bfloat16.
@@ -183,7 +201,7 @@ def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: Flex
         stage_layers=end - start,
         stage=f"layers {start}..{end - 1} of num_hidden_layers={layers}, pp rank {pp_rank} of {pp_size}",
         total_kv_heads=1 if mla else _total_kv_heads(model_config, tp),
-        head_size=_head_size(model_config, mla),
+        head_size=_head_size(model_config, mla, _flexkv_fp8(model_config, server_args)),
         attn_tp_size=max(1, tp // (dp * cp)),
         kv_heads_is_shared_switch=not api.layout_is_mla,
         flexkv_itemsize=itemsize,

@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..errors import SettingsError
 from ..settings import AdapterSettings, load_settings
 from .children import end_children, reap_descendants
-from .exit_codes import ExitCode, RemoteExit
+from .dryrun import dry_run as run_dry
+from .dryrun import plan
+from .exit_codes import ExitCode, RemoteExit, exit_table
 from .health import HealthServer
-from .lock import InstanceLock, flexkv_spawned_remotes, prepare_lock_dir
+from .lock import InstanceLock, prepare_lock_dir
+from .output import flush_all, guard_streams
 from .preflight import StopRequested, apply_gpu_visibility, load_transfer_manager, validate, wait_for_master
+from .spawns import classify_spawns
 from .states import ReadyFile, State, StateTracker
 from .supervisor import Signals, Supervisor
 
 logger = logging.getLogger("flexkv_adapter.remote")
 T = TypeVar("T")
+FAILED_VISIBLE_S = 2.0  # the health endpoint keeps serving `failed` this long (a stop signal cuts it short)
 
 # command-line flag -> settings field (flags win over every other source)
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -38,8 +42,13 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--engine-timeout", "engine_timeout_s", float, "seconds for the transfer engine to start after registration"),
     ("--grace", "grace_s", float, "seconds for a clean shutdown after SIGTERM/SIGINT/SIGHUP"),
     ("--reap-grace", "reap_grace_s", float, "of grace_s, seconds workers get to stop (unpin) before SIGTERM"),
-    ("--probe-interval", "probe_interval_s", float, "after ready: seconds between heartbeats to the master"),
-    ("--master-lost", "master_lost_s", float, "after ready: exit when the master's heartbeats fail this long"),
+    ("--probe-interval", "probe_interval_s", float, "from the master's config on: seconds between heartbeats to it"),
+    (
+        "--master-lost",
+        "master_lost_s",
+        float,
+        "from the config on: exit 13 when the master's heartbeats fail this long",
+    ),
     ("--health-host", "health_host", str, "health endpoint address"),
     ("--health-port", "health_port", int, "health endpoint port (off unless set)"),
     ("--ready-file", "ready_file", str, "file present (JSON) only while ready"),
@@ -47,13 +56,35 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line errors end like every other exit: one ``ERROR start_remote:`` line, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        logger.error("invalid command line: %s", message)
+        raise SystemExit(ExitCode.SETTINGS)
+
+
+def _default(dest: str) -> str:
+    field = AdapterSettings.model_fields[dest]
+    if dest == "master_ports":
+        return ",".join(map(str, field.default))
+    if dest == "lock_dir":
+        return "$XDG_RUNTIME_DIR or /tmp/flexkv-adapter-<uid>"
+    return "unset" if field.default is None else str(field.default)
+
+
 def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Supervised FlexKV remote transfer process for nodes 1..N-1 of a multi-node deployment."
+    parser = _Parser(
+        prog=prog,
+        description="Supervised FlexKV remote transfer process for nodes 1..N-1 of a multi-node deployment. "
+        "Flags win over FLEXKV_ADAPTER_* variables, FlexKV's own variables, the --config file and the defaults.",
+        epilog=f"exit statuses (docs/start_remote.md):\n{exit_table()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
     for flag, dest, kind, text in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=kind, help=text)
+        parser.add_argument(flag, dest=dest, type=kind, help=f"{text} (default: {_default(dest)})")
     parser.add_argument(
         "--allow-loopback-master",
         dest="allow_loopback_master",
@@ -68,32 +99,14 @@ def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
         const=True,
         help="do not clear CUDA_VISIBLE_DEVICES",
     )
-    parser.add_argument("--dry-run", action="store_true", help="validate, run the preflight, print the plan, exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate settings and paths, print the plan and exit 0, changing nothing (no lock taken, no port "
+        "bound, no file written or deleted); a missing FlexKV or an unreachable master is a warning",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
-
-
-def _plan(s: AdapterSettings, visibility: str, lock: InstanceLock) -> dict[str, Any]:
-    return {
-        "master": {"host": s.master_host, "ports": list(s.master_ports)},
-        "node_rank": s.node_rank,
-        "nnodes": s.nnodes,
-        "transfer_manager": s.transfer_manager,
-        "gpu_register_port": f"{s.server_recv_port}_gpu_register",
-        "gpu_visibility": visibility,
-        "deadlines_s": {
-            "connect": s.connect_timeout_s,
-            "handshake": s.handshake_timeout_s,
-            "gpu_registration": s.gpu_timeout_s,
-            "engine_start": s.engine_timeout_s,
-            "grace": s.grace_s,
-            "reap_grace": s.reap_grace_s,
-            "master_lost": s.master_lost_s,
-        },
-        "health": f"http://{s.health_host}:{s.health_port}/" if s.health_port else None,
-        "ready_file": str(s.ready_file) if s.ready_file else None,
-        "lock": str(lock.path),
-    }
 
 
 def _unless_stopped(step: Callable[[], T], signals: Signals) -> T:
@@ -120,7 +133,7 @@ def _unless_stopped(step: Callable[[], T], signals: Signals) -> T:
 
 
 def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | None = None) -> ExitCode:
-    """Everything after settings are loaded; always cleans up (lock, ready file, children)."""
+    """Everything after settings are loaded; always cleans up (lock, its own ready file, children)."""
     signals = signals or Signals()
     lock: InstanceLock | None = None
     tracker: StateTracker | None = None
@@ -129,6 +142,9 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     code = ExitCode.FORCED
     try:
         _unless_stopped(lambda: validate(s), signals)  # resolves master_host
+        if dry_run:
+            code = _unless_stopped(lambda: run_dry(s), signals)
+            return code
         lock_dir = prepare_lock_dir(s.lock_dir)
         if ready_file is not None:
             ready_file.check()  # fails now rather than when ready
@@ -137,34 +153,27 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         assert s.master_host is not None
         lock = InstanceLock(lock_dir, s.master_host, s.master_ports)
         lock.acquire()
-        spawned = flexkv_spawned_remotes()
-        if spawned:
-            raise RemoteExit(
-                ExitCode.ALREADY_RUNNING,
-                f"FlexKV's engine already spawned a remote on this node (pid {spawned}); two remotes "
-                f"on one master split its commands. Stop one of them",
-            )
+        _refuse_spawns(s)
         if ready_file is not None:
-            ready_file.remove()  # under the lock: a stale file of an earlier run says ready while we wait
+            ready_file.claim()  # under the lock: another live remote's file is refused, a dead one's removed
         tracker = StateTracker({"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, ready_file)
         signals.describe = tracker.snapshot
         if s.health_port:
             health = HealthServer(tracker, s.health_host, s.health_port)
             health.start()
+        logger.debug("plan: %s", plan(s, visibility, lock))
         wait_for_master(s, signals.wait)
-        if dry_run:
-            print(json.dumps(_plan(s, visibility, lock), indent=2))
-            code = ExitCode.OK
-        else:
-            code = Supervisor(s, tm_class, tracker, signals).run()
+        code = Supervisor(s, tm_class, tracker, signals).run()
     except StopRequested:
         logger.info("stopped before connecting to the master")
         code = ExitCode.OK
     except RemoteExit as exc:
-        if tracker is not None:
-            tracker.set(State.FAILED, str(exc))
         logger.error("%s", exc)
         code = exc.code
+        if tracker is not None:
+            tracker.set(State.FAILED, str(exc))
+            if health is not None and not signals.event.is_set():  # let the engine's poll read why
+                signals.wait(FAILED_VISIBLE_S)
     finally:
         if health is not None:
             health.stop()
@@ -176,12 +185,29 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     return code
 
 
+def _refuse_spawns(s: AdapterSettings) -> None:
+    assert s.master_host is not None
+    refused, others = classify_spawns(s.master_host, s.master_ports)
+    for spawn in others:
+        logger.warning("FlexKV's engine spawned a remote for another master on this node: %s", spawn.describe())
+    if refused:
+        raise RemoteExit(
+            ExitCode.ALREADY_RUNNING,
+            f"FlexKV's engine already spawned a remote on this node for this master, or for one its sockets "
+            f"do not tell ({'; '.join(x.describe() for x in refused)}); two remotes on one master split its "
+            f"commands. Stop one of them",
+        )
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> int:
-    args = build_parser(prog).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s start_remote: %(message)s",
-    )
+    guard_streams()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s start_remote: %(message)s")
+    try:
+        args = build_parser(prog).parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a command-line error (2, logged by the parser)
+        return exc.code if isinstance(exc.code, int) else ExitCode.SETTINGS
+    if args.verbose:
+        logging.getLogger().setLevel(logging.DEBUG)
     signals = Signals()
     signals.install()  # before anything slow, so SIGTERM is handled in every state
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS}
@@ -190,11 +216,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> in
     try:
         s = load_settings(args.config, **overrides)
     except SettingsError as exc:
-        print(f"error: {exc}".replace(":\n  ", ": ").replace("\n  ", "; "), file=sys.stderr)
+        logger.error("%s", str(exc).replace(":\n  ", ": ").replace("\n  ", "; "))
         return ExitCode.BAD_PORTS if "master_ports" in exc.keys else ExitCode.SETTINGS
     except Exception as exc:  # a malformed YAML file, an unreadable one
         why = " ".join(f"{type(exc).__name__}: {exc}".split())
-        print(f"error: cannot load settings (config {args.config or '$FLEXKV_ADAPTER_CONFIG'}): {why}", file=sys.stderr)
+        logger.error("cannot load settings (config %s): %s", args.config or "$FLEXKV_ADAPTER_CONFIG", why)
         return ExitCode.SETTINGS
     return int(run_remote(s, args.dry_run, signals))
 
@@ -204,6 +230,5 @@ def entry_point(argv: Sequence[str] | None = None, prog: str = "start_remote.py"
     code = main(argv, prog)
     end_children()
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_all()  # a closed or unread stdout/stderr must not change the status
     os._exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from enum import IntEnum
 
 
@@ -32,3 +33,86 @@ class RemoteExit(Exception):
     def __init__(self, code: ExitCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+# What each status means and whether a service manager should restart on it: the one source of the
+# exit table in --help and docs/start_remote.md (a test keeps the page in step).
+MEANINGS: dict[ExitCode, tuple[str, str]] = {
+    ExitCode.OK: (
+        "clean shutdown after SIGTERM/SIGINT/SIGHUP, or `--dry-run` with valid settings (it changes nothing; "
+        "a missing FlexKV, an unreachable master, a held lock, a port in use and a FlexKV-spawned remote "
+        "are warnings)",
+        "no",
+    ),
+    ExitCode.SETTINGS: (
+        "invalid settings, command line or `--config` file (the line names the key, value and source): also "
+        "a NUL character in a path, address or name, an ipc `server_recv_port` too long for a unix socket, "
+        "a duration its consumer cannot take "
+        "(`probe_interval_s` and `master_lost_s` at most 2147483.647 s, ZMQ's 32-bit milliseconds; others "
+        "at most 1e9 s), a `transfer_manager` that is not `module:Class` or not a transfer manager (no "
+        "`start()`, no `master_host`/`master_ports`); a master_host that does not resolve or is an IPv6 "
+        "address (FlexKV's ZMQ sockets are IPv4-only)",
+        "no",
+    ),
+    ExitCode.NODE_RANK_ZERO: ("node rank 0: node 0 runs the master, not a remote", "no"),
+    ExitCode.LOOPBACK_MASTER: (
+        "loopback master address while `nnodes > 1` (`--allow-loopback-master` for one-machine tests)",
+        "no",
+    ),
+    ExitCode.FLEXKV_MISSING: (
+        "the transfer manager (FlexKV) cannot be imported, or its import raised; the line says why "
+        "(a warning under `--dry-run`)",
+        "no",
+    ),
+    ExitCode.ALREADY_RUNNING: (
+        "another remote serves this master (the lock names its pid), or FlexKV's engine spawned a remote "
+        "for this master or for one its sockets do not tell (a spawn for another master is a warning)",
+        "no",
+    ),
+    ExitCode.BAD_PORTS: ("invalid or duplicate master ports", "no"),
+    ExitCode.LOCAL_FILES: (
+        "lock directory missing, not a directory or unwritable; lock path a symlink, directory, FIFO or not "
+        "ours; ready-file directory missing or unwritable, a directory at its path, or the ready file of "
+        "another running remote",
+        "no",
+    ),
+    ExitCode.HEALTH_ENDPOINT: (
+        "the health endpoint cannot listen (port in use, address not available, a host name that cannot be encoded)",
+        "yes",
+    ),
+    ExitCode.MASTER_UNREACHABLE: ("the master's ports did not accept TCP within `connect_timeout_s`", "yes"),
+    ExitCode.HANDSHAKE_TIMEOUT: (
+        "no config from the master within `handshake_timeout_s` (FlexKV sends it once)",
+        "after node 0",
+    ),
+    ExitCode.GPU_TIMEOUT: (
+        "local GPU ranks did not register within `gpu_timeout_s` (the line names the register port FlexKV "
+        "bound from the master's config, and how many registered)",
+        "yes",
+    ),
+    ExitCode.MASTER_LOST: (
+        "the master that sent the config went away or restarted (final; watched from the config on, not only "
+        "after ready)",
+        "after node 0",
+    ),
+    ExitCode.CRASHED: ("the transfer manager raised", "yes"),
+    ExitCode.FORCED: ("forced exit: a second signal, or workers had to be killed to end within `grace_s`", "-"),
+    ExitCode.ENGINE_TIMEOUT: (
+        "the transfer engine did not start within `engine_timeout_s` after registration",
+        "yes",
+    ),
+}
+
+
+def exit_table() -> str:
+    """The exit statuses as plain text, for ``--help``."""
+    rows = []
+    for code in ExitCode:
+        meaning, restart = MEANINGS[code]
+        text = f"{meaning.replace('`', '')} [restart: {restart}]"
+        rows.append(
+            textwrap.fill(
+                text, 100, initial_indent=f"  {int(code):>2}  ", subsequent_indent=" " * 6, break_on_hyphens=False
+            )
+        )
+    return "\n".join(rows)

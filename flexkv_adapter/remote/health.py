@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -39,6 +40,12 @@ class _BoundedServer(ThreadingHTTPServer):
         self._deadlines_lock = threading.Lock()
         self._closed = threading.Event()
         super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        """Bind without HTTPServer's ``getfqdn()``: a DNS lookup on the main thread delays signals."""
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):

@@ -43,10 +43,13 @@ def _private_dir(path: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-def prepare_lock_dir(configured: Path | None) -> Path:
-    """The directory to lock in: a configured one must exist; the default one is made 0700."""
+def prepare_lock_dir(configured: Path | None, create: bool = True) -> Path:
+    """The directory to lock in: a configured one must exist; the default one is made 0700
+    (``create=False``, for --dry-run: only checked if it exists)."""
     if configured is None:
         path = default_lock_dir()
+        if not create and not os.path.lexists(path):
+            return path
         try:
             path.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
@@ -120,6 +123,31 @@ class InstanceLock:
         self._socket: socket.socket | None = None
 
     def acquire(self) -> None:
+        for _ in range(10):  # a holder that just released unlinked the file we opened: open the new one
+            fd = self._open_locked()
+            try:
+                same = os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise _fail(f"lock file {self.path} keeps being replaced; is another start_remote restarting in a loop?")
+        machine = _machine_lock(f"flexkv-adapter/{self.path.name}")
+        if isinstance(machine, int):
+            os.close(fd)
+            raise RemoteExit(
+                ExitCode.ALREADY_RUNNING,
+                f"another start_remote (pid {machine or 'unknown'}) already serves this master (machine-wide "
+                f"lock @flexkv-adapter/{self.path.name}, whatever its lock_dir); exactly one remote may connect "
+                f"to a master",
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd, self._socket = fd, machine
+
+    def _open_locked(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(self.path, flags, 0o600)
@@ -141,21 +169,23 @@ class InstanceLock:
                 f"another start_remote (pid {holder}) already serves this master (lock {self.path}); "
                 f"exactly one remote may connect to a master",
             ) from None
-        machine = _machine_lock(f"flexkv-adapter/{self.path.name}")
-        if isinstance(machine, int):
-            os.close(fd)
-            raise RemoteExit(
-                ExitCode.ALREADY_RUNNING,
-                f"another start_remote (pid {machine or 'unknown'}) already serves this master (machine-wide "
-                f"lock @flexkv-adapter/{self.path.name}, whatever its lock_dir); exactly one remote may connect "
-                f"to a master",
-            )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd, self._socket = fd, machine
+        return fd
+
+    def holder(self) -> str | None:
+        """Who holds the lock, without taking it (for --dry-run): the machine-wide socket's pid."""
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            probe.connect(f"\0flexkv-adapter/{self.path.name}")
+            creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            return str(struct.unpack("3i", creds)[0])
+        return None
 
     def release(self) -> None:
+        """Unlink the file while still holding it (no lock file is left behind), then let go."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._fd).st_ino:
+                    os.unlink(self.path)
             os.close(self._fd)
             self._fd = None
         if self._socket is not None:

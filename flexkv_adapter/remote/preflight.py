@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import ipaddress
 import logging
 import os
@@ -70,22 +71,26 @@ def _ipv6_literal(host: str) -> bool:
         return False
 
 
-def apply_gpu_visibility(keep: bool) -> str:
-    """Clear CUDA_VISIBLE_DEVICES as FlexKV's own spawn does (its remote expects physical ids)."""
+def apply_gpu_visibility(keep: bool, apply: bool = True) -> str:
+    """Clear CUDA_VISIBLE_DEVICES as FlexKV's own spawn does (its remote expects physical ids);
+    ``apply=False`` (--dry-run) only says what would be done."""
     value = os.environ.get("CUDA_VISIBLE_DEVICES")
     if keep:
         decision = f"kept CUDA_VISIBLE_DEVICES={value!r} (keep_cuda_visible_devices)"
     elif value is None:
         decision = "CUDA_VISIBLE_DEVICES unset: the remote sees every GPU (physical device ids)"
     else:
-        del os.environ["CUDA_VISIBLE_DEVICES"]
-        decision = f"cleared CUDA_VISIBLE_DEVICES={value!r}: FlexKV's remote expects physical device ids"
+        if apply:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        verb = "cleared" if apply else "would clear"
+        decision = f"{verb} CUDA_VISIBLE_DEVICES={value!r}: FlexKV's remote expects physical device ids"
     logger.info("%s", decision)
     return decision
 
 
 def load_transfer_manager(spec: str) -> type:
-    """Import ``module:Class`` (default: FlexKV's ``TransferManagerOnRemote``)."""
+    """Import ``module:Class`` (default: FlexKV's ``TransferManagerOnRemote``) and check that it
+    looks like one: a class built from ``master_host``/``master_ports`` with a ``start()``."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise RemoteExit(ExitCode.SETTINGS, f"transfer_manager must be 'module:Class', got {spec!r}")
@@ -98,7 +103,27 @@ def load_transfer_manager(spec: str) -> type:
         raise RemoteExit(ExitCode.FLEXKV_MISSING, f"cannot import {spec} ({why}). {hint}") from None
     if not isinstance(cls, type):
         raise RemoteExit(ExitCode.SETTINGS, f"{spec} is not a class")
+    missing = _not_a_transfer_manager(cls)
+    if missing:
+        raise RemoteExit(
+            ExitCode.SETTINGS,
+            f"{spec} is not a remote transfer manager ({missing}); transfer_manager names a class like "
+            f"FlexKV's flexkv.transfer_manager:TransferManagerOnRemote",
+        )
     return cls
+
+
+def _not_a_transfer_manager(cls: type) -> str:
+    """What ``cls`` lacks of FlexKV's TransferManagerOnRemote interface ('' if nothing)."""
+    if not callable(getattr(cls, "start", None)):
+        return "no start() method"
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a C class without a signature: not judged
+        return ""
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    lacking = [name for name in ("master_host", "master_ports") if name not in params and not takes_any]
+    return f"its constructor takes no {' or '.join(lacking)}" if lacking else ""
 
 
 def unreachable_ports(host: str, ports: tuple[int, ...], timeout: float = 1.0) -> dict[int, str]:

@@ -66,11 +66,65 @@ class ReadyFile:
         except OSError as exc:
             logger.error("cannot write ready_file %s: %s", self.path, exc)
 
+    def owner(self) -> int | None:
+        """The pid recorded in the file now (None: no file, or not a ready file of ours)."""
+        try:  # never block on a FIFO planted at the path
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                data = json.loads(os.pread(fd, 65536, 0))
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, RecursionError):
+            return None
+        pid = data.get("pid") if isinstance(data, dict) else None
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+    def in_use_by(self) -> int | None:
+        """The live start_remote (not this one) whose ready file this is, if any; a reused pid is not."""
+        pid = self.owner()
+        return pid if pid is not None and pid != os.getpid() and _a_remote(pid) else None
+
+    def claim(self) -> None:
+        """At start-up, under the lock: refuse a file a live remote wrote; remove a dead one's (stale,
+        it says ready while this remote waits)."""
+        pid = self.in_use_by()
+        if pid is not None:
+            raise RemoteExit(
+                ExitCode.LOCAL_FILES,
+                f"ready_file {self.path} belongs to another running remote (pid {pid}); give each remote its own",
+            )
+        if self.owner() is not None:
+            self._unlink()
+
     def remove(self) -> None:
+        """Remove the file only if this process wrote it (another remote's stays)."""
+        if self.owner() == os.getpid():
+            self._unlink()
+
+    def _unlink(self) -> None:
         try:
             self.path.unlink(missing_ok=True)
         except OSError as exc:
             logger.error("cannot remove ready_file %s: %s", self.path, exc)
+
+
+def _a_remote(pid: int) -> bool:
+    """A live process that may be start_remote (its command line says so, or cannot be read)."""
+    if pid > 2**22:  # above any pid_max: os.kill would overflow
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"start_remote" in argv or b"start-remote" in argv
 
 
 class StateTracker:

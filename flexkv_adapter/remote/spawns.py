@@ -1,0 +1,96 @@
+"""Which master a remote spawned by FlexKV's ``create_process`` serves, read from its sockets.
+
+The spawn's command line names only temporary pickle files; its kwargs file is never unpickled
+(unpickling runs code). What it connects to tells instead: FlexKV's remote connects PULL/PUSH/REP
+to the master's three ports, so its TCP peers in ``/proc/<pid>/net/tcp{,6}``, matched to the socket
+inodes in ``/proc/<pid>/fd``, name the master. A spawn for this master, or one whose master cannot
+be told (no connection yet, or another user's process), is refused; any other is a warning.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from .lock import flexkv_spawned_remotes
+
+_LISTEN = "0A"
+
+
+@dataclass(frozen=True)
+class Spawn:
+    pid: int
+    peers: frozenset[tuple[str, int]] | None  # TCP peers (address, port); None when unreadable
+
+    def describe(self) -> str:
+        if self.peers is None:
+            return f"pid {self.pid} (its sockets are not readable)"
+        if not self.peers:
+            return f"pid {self.pid} (no TCP connection yet)"
+        return f"pid {self.pid} (connected to {', '.join(f'{h}:{p}' for h, p in sorted(self.peers))})"
+
+
+def _socket_inodes(pid: int) -> set[int] | None:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:  # another user's process, or gone
+        return None
+    return inodes
+
+
+def _address(hex_addr: str) -> str:
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    v6 = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
+    return str(v6.ipv4_mapped or v6)
+
+
+def _tcp_peers(pid: int, inodes: set[int]) -> set[tuple[str, int]]:
+    peers = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] == _LISTEN or int(fields[9]) not in inodes:
+                continue
+            host, _, port = fields[2].partition(":")
+            if int(port, 16):
+                peers.add((_address(host), int(port, 16)))
+    return peers
+
+
+def spawn_of(pid: int) -> Spawn:
+    inodes = _socket_inodes(pid)
+    return Spawn(pid, None if inodes is None else frozenset(_tcp_peers(pid, inodes)))
+
+
+def master_addresses(host: str) -> set[str]:
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return {host}
+
+
+def classify_spawns(host: str, ports: tuple[int, int, int]) -> tuple[list[Spawn], list[Spawn]]:
+    """FlexKV-spawned remotes on this machine: (refused: same or unknown master, others)."""
+    addresses = master_addresses(host)
+    refused: list[Spawn] = []
+    others: list[Spawn] = []
+    for spawn in map(spawn_of, flexkv_spawned_remotes()):
+        same = spawn.peers is not None and any(h in addresses and p in ports for h, p in spawn.peers)
+        (refused if spawn.peers is None or not spawn.peers or same else others).append(spawn)
+    return refused, others
