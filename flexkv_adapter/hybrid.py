@@ -283,7 +283,14 @@ def resolve_mode(mode: str | None) -> HybridMode:
 
 def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
     """Offload whole what FlexKV's layer groups can address; otherwise refuse (default) or go attention-only."""
-    whole = planes.describe(pool, view)
+    try:
+        whole = planes.describe(pool, view)
+    except planes.PartialPoolError as exc:
+        if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
+            return view
+        if not groups or resolve_mode(mode) != "attention_only":
+            raise HybridPoolError(str(exc)) from exc
+        whole = None  # a refused row: attention_only keeps its meaning
     covered = {t.data_ptr() for p in whole.planes for t in p.tensors} if whole is not None else set()
     if whole is not None and all(g.tensors and {t.data_ptr() for t in g.tensors} <= covered for g in groups):
         return _offload_whole(view, pool, whole, bool(groups), mode)

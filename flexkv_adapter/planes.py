@@ -201,7 +201,7 @@ def describe(pool: object, view: PoolView) -> WholePool | None:
     if probe(pool, "main_pool") is not None:
         main = probe(pool, "main_pool")
         planes = _minimax(pool, view) + _scale_planes(main, view.layer_ids, page, "main_pool.")
-        owners, family, left = [pool, main, probe(pool, "index_kv_pool")], "minimax-sparse", []
+        owners, family, left = [pool, main, probe(pool, "index_kv_pool")], "minimax-sparse", list[LeftOut]()
     else:
         dsa, left = _dsa_index(pool, view)
         planes = dsa + _scale_planes(pool, view.layer_ids, page)
@@ -219,9 +219,9 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
     for owner in owners:
         for attr, value in (vars(owner) if owner is not None and hasattr(owner, "__dict__") else {}).items():
             found = [value] if isinstance(value, torch.Tensor) else _tensors(value) or []
-            if found and attr not in DERIVED and attr not in PRIMARY and any(t.numel() for t in found):
-                if not all(t.data_ptr() in covered or t.numel() == 0 for t in found):
-                    unknown.append(f"{type(owner).__name__}.{attr}")
+            lost = [t for t in found if t.numel() and t.data_ptr() not in covered]
+            if lost and attr not in DERIVED | PRIMARY:
+                unknown.append(f"{type(owner).__name__}.{attr}")
     if unknown:
         raise PartialPoolError(
             f"{unknown} hold state this adapter does not know how to offload with the KV's pages; offloading "
