@@ -150,7 +150,8 @@ class Worker:
             else:
                 kv_s, block_s, layer_s = probed
             ptrs = [t[0].data_ptr() for t in tensors]
-            groups.append(_Group(list(tensors), ptrs, chunk, kv_s, block_s, layer_s, kv_dim * chunk, chunk, offset, g.num_layers))
+            gpu = (kv_s, block_s, layer_s)
+            groups.append(_Group(list(tensors), ptrs, chunk, *gpu, kv_dim * chunk, chunk, offset, g.num_layers))
             offset += g.num_layers * kv_dim * chunk
         return groups
 
@@ -167,7 +168,8 @@ class Worker:
             storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
             start = addr - storage.data_ptr()
             if 0 <= start < storage.numel():
-                assert start + n <= storage.numel(), f"FlexKV would run {start + n - storage.numel()} bytes past a buffer"
+                past = start + n - storage.numel()
+                assert past <= 0, f"FlexKV would run {past} bytes past the end of a registered buffer"
                 return storage[start : start + n]
         raise AssertionError(f"FlexKV would access {addr:#x}, outside every registered tensor")
 
