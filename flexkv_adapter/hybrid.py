@@ -25,8 +25,8 @@ from typing import Literal
 
 import torch
 
-from . import planes
 from .errors import InconsistentLayersError, UnsupportedPoolError
+from .planes import MAMBA_REASON, SWA_REASON, PartialPoolError, WholePool, describe
 from .probe import probe
 from .views import PoolView
 
@@ -192,7 +192,7 @@ def _mamba_groups(mamba: object) -> list[SideGroup]:
             continue
         named = [(f"mamba.{field}[{i}]", t) for i, t in enumerate(tensors)]
         for name, t in named if isinstance(value, (list, tuple)) else [(f"mamba.{field}", tensors[0])]:
-            groups.append(SideGroup(name, (t,), ids, "mamba_slot", "linear-attention state, one row per request slot"))
+            groups.append(SideGroup(name, (t,), ids, "mamba_slot", MAMBA_REASON))
     return groups or unknown
 
 
@@ -208,7 +208,7 @@ def detect(pool: object) -> HybridStructure | None:
                 tuple(ts),
                 swa_ids,
                 "swa_token",
-                "sliding-window KV in swa_kv_pool, indexed through full_to_swa_index_mapping",
+                SWA_REASON,
             )
             for plane, ts in _planes_of(swa).items()
         ]
@@ -284,8 +284,8 @@ def resolve_mode(mode: str | None) -> HybridMode:
 def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
     """Offload whole what FlexKV's layer groups can address; otherwise refuse (default) or go attention-only."""
     try:
-        whole = planes.describe(pool, view)
-    except planes.PartialPoolError as exc:
+        whole = describe(pool, view)
+    except PartialPoolError as exc:
         if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
             return view
         if not groups or resolve_mode(mode) != "attention_only":
@@ -321,7 +321,7 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
     return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
 
 
-def _offload_whole(view: PoolView, pool: object, whole: planes.WholePool, listed: bool, mode: str | None) -> PoolView:
+def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool, mode: str | None) -> PoolView:
     """The only exact choice for these pools; ``hybrid=`` may only refuse it, naming why."""
     name, what = type(pool).__name__, ", ".join(p.name for p in whole.planes)
     if mode == "attention_only":

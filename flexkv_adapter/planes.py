@@ -27,6 +27,12 @@ DERIVED = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides", 
 # The KV planes every view already registers, and the planes described here.
 PRIMARY = frozenset({"k_buffer", "v_buffer", "kv_buffer"})
 SCALE_PLANES = ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer")
+# What FlexKV lacks for each refused row (docs/flexkv-upstream.md).
+SWA_REASON = (
+    "sliding-window KV in swa_kv_pool, its own page ids through full_to_swa_index_mapping; FlexKV's standard "
+    "registration has no SWA channel (only DeepSeek-V4's) and snapshots one page per node, not a window"
+)
+MAMBA_REASON = "linear-attention state, one row per request slot; FlexKV has no slot-addressed state channel"
 
 
 class PartialPoolError(UnsupportedPoolError):
