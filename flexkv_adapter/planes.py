@@ -36,7 +36,7 @@ MAMBA_REASON = "linear-attention state, one row per request slot; FlexKV has no 
 
 
 class PartialPoolError(UnsupportedPoolError):
-    """Part of the pool shares no page ids with the KV: FlexKV could store only the rest."""
+    """Part of the pool cannot be registered with the KV's page ids: FlexKV could store only the rest."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _tensors(value: object) -> list[torch.Tensor] | None:
 
 def _flat(t: torch.Tensor, where: str) -> torch.Tensor:
     if not t.is_contiguous():
-        raise UnsupportedPoolError(f"{where} {tuple(t.shape)} is not contiguous; FlexKV copies whole pages of it")
+        raise PartialPoolError(f"{where} {tuple(t.shape)} is not contiguous; FlexKV copies whole pages of it")
     return t.view(t.shape[0], -1)  # zero-copy; a 5-D plane would otherwise trip FlexKV's K/V stride probe
 
 
@@ -96,14 +96,14 @@ def _plane(name: str, lists: Sequence[list[torch.Tensor]], ids: Sequence[int], k
     first = lists[0][0]
     rows, row = first.shape[0], first[0].numel()
     if any(t.shape != first.shape or t.dtype != first.dtype for ts in lists for t in ts):
-        raise UnsupportedPoolError(f"{name}: its tensors differ in shape or dtype; one FlexKV group has one shape")
+        raise PartialPoolError(f"{name}: its tensors differ in shape or dtype; one FlexKV group has one shape")
     if rows == kv_rows:  # one row per token: keep its heads when it has them
         per_block, heads = page, (first.shape[1] if first.ndim == 3 else 1)
         size = row // heads
     elif rows * page == kv_rows and row % page == 0:  # one row per page (MXFP8's interleaved scales at page 128)
         per_block, heads, size = 1, 1, row // page
     else:
-        raise UnsupportedPoolError(
+        raise PartialPoolError(
             f"{name} has {rows} rows of {row} elements but the KV {kv_rows} rows: neither one row per token nor "
             f"one per page of {page} tokens, so its page ids cannot be matched to the KV's"
         )
@@ -114,7 +114,7 @@ def _plane(name: str, lists: Sequence[list[torch.Tensor]], ids: Sequence[int], k
 def _kv_rows(owner: object) -> int:
     buffers = _tensors(probe(owner, "kv_buffer")) or _tensors(probe(owner, "k_buffer"))
     if buffers is None:
-        raise UnsupportedPoolError(f"{type(owner).__name__} has scale planes but no kv_buffer or k_buffer")
+        raise PartialPoolError(f"{type(owner).__name__} has scale planes but no kv_buffer or k_buffer")
     return int(buffers[0].shape[0])
 
 
@@ -128,7 +128,7 @@ def _scale_planes(pool: object, ids: Sequence[int], page: int, prefix: str = "")
         return [_plane(f"{prefix}k_scale_buffer/v_scale_buffer", [k, v], ids, kv_rows, page)]
     if kv:
         return [_plane(f"{prefix}kv_scale_buffer", [kv], ids, kv_rows, page)]
-    raise UnsupportedPoolError(f"{type(pool).__name__} has only one of k_scale_buffer/v_scale_buffer")
+    raise PartialPoolError(f"{type(pool).__name__} has only one of k_scale_buffer/v_scale_buffer")
 
 
 def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]]:
@@ -160,9 +160,9 @@ def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]
     tokens_per_row = page // kpool
     first = kept[0][1]
     if first.shape[1] * first.element_size() % tokens_per_row:
-        raise UnsupportedPoolError(f"{name}: an index row of {first.shape[1]} bytes is not {tokens_per_row} tokens")
+        raise PartialPoolError(f"{name}: an index row of {first.shape[1]} bytes is not {tokens_per_row} tokens")
     if any(t.shape != first.shape for _, t in kept) or first.shape[0] < view.num_blocks:
-        raise UnsupportedPoolError(f"{name}: index buffers differ in shape or hold fewer pages than the KV")
+        raise PartialPoolError(f"{name}: index buffers differ in shape or hold fewer pages than the KV")
     plane = Plane(
         "index_k_with_scale_buffer",
         tuple(_flat(t, "index_k_with_scale_buffer") for _, t in kept),
@@ -193,7 +193,7 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
         return planes
     k, v = _tensors(probe(sub, "k_buffer")), _tensors(probe(sub, "v_buffer"))
     if not (k and v and isinstance(mapping, Mapping)) or probe_int(sub, "page_size") != view.page_size:
-        raise UnsupportedPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
+        raise PartialPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
     ids = [g for g, _ in sorted(mapping.items(), key=lambda item: item[1])]
     kv_rows = _kv_rows(probe(pool, "main_pool"))
     planes.append(_plane("index_kv_pool.k_buffer/v_buffer", [k, v], ids, kv_rows, view.page_size))

@@ -7,7 +7,7 @@ import torch
 
 from flexkv_adapter import PlanError, adapt
 from flexkv_adapter.errors import FlexKVUnavailableError
-from flexkv_adapter.flexkv import register
+from flexkv_adapter.flexkv import check_for_flexkv_connector, register
 from flexkv_adapter.flexkv.plan import plan
 from flexkv_adapter.hybrid import HybridPoolError
 
@@ -138,3 +138,9 @@ def test_flexkvs_own_dsa_indexer_registration_overruns_in_the_worker_standin(fak
     worker = Worker(call, groups, num_cpu_blocks=len(SRC))
     with pytest.raises(AssertionError, match="bytes past the end of a registered buffer"):
         worker.d2h(SRC, list(range(len(SRC))))
+
+
+def test_a_whole_view_is_refused_for_flexkvs_own_connector():
+    view = adapt(fp4())
+    with pytest.raises(PlanError, match="register the KV alone.*flexkv.register"):
+        check_for_flexkv_connector(view, model_config(plan(view), None))

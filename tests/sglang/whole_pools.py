@@ -135,8 +135,8 @@ def model_config(p: Any, layer_groups: Any = "plan") -> SimpleNamespace:
     )
 
 
-def roundtrip(pool: Any, drop: str | None = None) -> list[str]:
-    """Store SRC, scramble, restore into DST: every difference from what the pool should hold."""
+def roundtrip(pool: Any, drop: str | None = None, reader: Any = read) -> list[str]:
+    """Store SRC, scramble, restore into DST: every difference from what the pool (or ``reader``) should hold."""
     view = adapt(pool)
     p = plan(view)
     if drop is not None:  # the negative control: one plane left out of the registration
@@ -149,13 +149,13 @@ def roundtrip(pool: Any, drop: str | None = None) -> list[str]:
     for plane in view.whole.planes if view.whole else ():
         raw += [(f"{plane.name} tensor {i}", t, plane.rows_per_block) for i, t in enumerate(plane.tensors)]
     _fill([t for _, t, _ in raw], 1)
-    before = [(what, t.clone(), rows) for what, t, rows in raw + read(pool)]
+    before = [(what, t.clone(), rows) for what, t, rows in raw + reader(pool)]
     worker.d2h(SRC, list(range(len(SRC))))
     _fill([t for _, t, _ in raw], 2)
-    scrambled = [t.clone() for _, t, _ in raw + read(pool)]
+    scrambled = [t.clone() for _, t, _ in raw + reader(pool)]
     worker.h2d(list(range(len(SRC))), DST)
     wrong = []
-    for (what, old, rows), new, (_, after, _) in zip(before, scrambled, raw + read(pool)):
+    for (what, old, rows), new, (_, after, _) in zip(before, scrambled, raw + reader(pool)):
         expected = new.clone()
         for b, d in zip(SRC, DST):
             expected[d * rows : (d + 1) * rows] = old[b * rows : (b + 1) * rows]
