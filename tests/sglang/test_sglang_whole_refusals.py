@@ -14,7 +14,7 @@ from flexkv_adapter.hybrid import HybridPoolError
 from ..multigroup_worker import Client, Worker
 from .test_sglang_pools import _hybrid_linear, _swa
 from .test_sglang_whole import CASES
-from .whole_pools import KW, SRC, dsa, fp4, minimax, model_config, mp
+from .whole_pools import KW, SRC, connector_dsa_call, dsa, fp4, minimax, model_config, mp
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -117,25 +117,8 @@ def test_single_group_pools_register_exactly_as_before(fake_flexkv):
 
 def test_flexkvs_own_dsa_indexer_registration_overruns_in_the_worker_standin(fake_flexkv):
     """The stand-in catches the bug FlexKV's connector has (connector.py:1824-1831, 1996-2006)."""
-    from flexkv.common.config import LayerGroupSpec
-    from flexkv.common.storage import KVCacheLayout, KVCacheLayoutType
-
-    pool = dsa()
-    p = plan(adapt(pool))
-    index = list(pool.index_k_with_scale_buffer)
-    groups = [
-        LayerGroupSpec(2, 1, p.head_size, [0, 1], p.dtype, 1),
-        LayerGroupSpec(2, 1, index[0].shape[1], [0, 1], index[0].dtype, 1),  # a whole page row per "token"
-    ]
-    indexer_layout = KVCacheLayout(KVCacheLayoutType.LAYERFIRST, 2, index[0].shape[0], 1, 1, index[0].shape[1], 1, 1)
-    call = dict(
-        kv_caches=[*p.tensors, *index],
-        kv_layout=p.to_flexkv(),
-        layer_groups=groups,
-        gpu_layouts=[p.to_flexkv(), indexer_layout],
-        handles_per_group=[list(p.tensors), index],
-    )
-    worker = Worker(call, groups, num_cpu_blocks=len(SRC))
+    call = connector_dsa_call(dsa())
+    worker = Worker(call, call["layer_groups"], num_cpu_blocks=len(SRC))
     with pytest.raises(AssertionError, match="bytes past the end of a registered buffer"):
         worker.d2h(SRC, list(range(len(SRC))))
 

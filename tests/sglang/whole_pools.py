@@ -135,7 +135,7 @@ def model_config(p: Any, layer_groups: Any = "plan") -> SimpleNamespace:
     )
 
 
-def roundtrip(pool: Any, drop: str | None = None, reader: Any = read) -> list[str]:
+def roundtrip(pool: Any, drop: str | None = None, reader: Any = read, make_worker: Any = Worker) -> list[str]:
     """Store SRC, scramble, restore into DST: every difference from what the pool (or ``reader``) should hold."""
     view = adapt(pool)
     p = plan(view)
@@ -144,7 +144,7 @@ def roundtrip(pool: Any, drop: str | None = None, reader: Any = read) -> list[st
     client = Client()
     register(p, client, model_config=model_config(p), attempts=1)
     call = client.calls[0]
-    worker = Worker(call, call["layer_groups"], num_cpu_blocks=len(SRC))
+    worker = make_worker(call, call["layer_groups"], len(SRC))
     raw = [(f"registered KV tensor {i}", t, view.page_size) for i, t in enumerate(view.tensors())]
     for plane in view.whole.planes if view.whole else ():
         raw += [(f"{plane.name} tensor {i}", t, plane.rows_per_block) for i, t in enumerate(plane.tensors)]
@@ -167,3 +167,24 @@ def roundtrip(pool: Any, drop: str | None = None, reader: Any = read) -> list[st
         if not torch.equal(after[pages * rows :].view(torch.uint8), new[pages * rows :].view(torch.uint8)):
             wrong.append(f"{what} rows after page {pages - 1}")
     return wrong
+
+
+def connector_dsa_call(pool: Any) -> dict[str, Any]:
+    """FlexKV's own SGLang connector's DSA registration: the indexer's head_size is a whole page row."""
+    from flexkv.common.config import LayerGroupSpec
+    from flexkv.common.storage import KVCacheLayout, KVCacheLayoutType
+
+    p, index = plan(adapt(pool)), list(pool.index_k_with_scale_buffer)
+    rows, row = index[0].shape
+    groups = [
+        LayerGroupSpec(len(p.tensors), 1, p.head_size, list(range(len(p.tensors))), p.dtype, 1),
+        LayerGroupSpec(len(index), 1, row, list(range(len(index))), index[0].dtype, 1),  # connector.py:1824-1831
+    ]
+    indexer = KVCacheLayout(KVCacheLayoutType.LAYERFIRST, len(index), rows, 1, 1, row, 1, 1)  # :1996-2006
+    return dict(
+        kv_caches=[*p.tensors, *index],
+        kv_layout=p.to_flexkv(),
+        layer_groups=groups,
+        gpu_layouts=[p.to_flexkv(), indexer],
+        handles_per_group=[list(p.tensors), index],
+    )
