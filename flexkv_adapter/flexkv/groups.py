@@ -93,6 +93,8 @@ def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, s
     groups = [primary]
     for plane in whole.planes:
         groups.append(_plane_group(p, plane, start, tp_size, f"{source} {plane.name}"))
+    if len(p.tensors) == 1 and any(len(g.tensors) > 1 for g in groups):  # FlexKV: 1 tensor in group 0 = TRT-LLM
+        raise PlanError(f"{source}: a one-layer MLA KV makes FlexKV address every group as one block-first tensor")
     return tuple(groups)
 
 

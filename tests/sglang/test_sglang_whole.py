@@ -13,6 +13,7 @@ CASES = {
     "mla-fp4": (mla_fp4, "kv_scale_buffer"),
     "dsa": (dsa, "index_k_with_scale_buffer"),
     "dsa-skip-topk-layer": (lambda: dsa(skip=[False, True, False]), "index_k_with_scale_buffer"),
+    "dsa-one-layer": (lambda: dsa(skip=[False]), "index_k_with_scale_buffer"),
     "dsa-kpool-2": (lambda: dsa(kpool=2), "index_k_with_scale_buffer"),
     "dsa-pp-stage-from-layer-4": (lambda: dsa(skip=[True, False], start_layer=4), "index_k_with_scale_buffer"),
     "minimax-index-kv": (minimax, "index_kv_pool.k_buffer/v_buffer"),
