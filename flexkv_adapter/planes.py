@@ -41,7 +41,7 @@ class PartialPoolError(UnsupportedPoolError):
 
 @dataclass(frozen=True)
 class Plane:
-    """One layer group beside the KV: tensors indexed by the KV's page ids, block b at ``b * block_bytes``."""
+    """One layer group beside the KV: tensors indexed by the KV's page ids, block b at ``b * chunk`` bytes."""
 
     name: str
     tensors: tuple[torch.Tensor, ...]  # K list then V list when ``kv``; 2-D [rows, row elements], zero-copy
@@ -52,9 +52,6 @@ class Plane:
     compress_ratio: int  # page tokens per stored token (DSA kpool); 1 = one entry per token
     rows_per_block: int  # tensor rows per page: page_size for token-indexed planes, 1 for page-indexed
     kv: bool
-
-    def block_bytes(self, page_size: int) -> int:
-        return page_size // self.compress_ratio * self.num_heads * self.head_size * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -152,16 +149,19 @@ def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]
             f"({page} / kpool {kpool}, {size} rows), as under decode context parallelism (dcp > 1); the KV's "
             f"page ids would address other index rows"
         )
+    if len(buffers) != len(view.layer_ids):
+        raise PartialPoolError(f"{name}: {len(buffers)} index buffers for {len(view.layer_ids)} KV layers")
     kept = [(lid, t) for lid, t in zip(view.layer_ids, buffers) if t.shape[0] > 0]
     skipped = [lid for lid, t in zip(view.layer_ids, buffers) if t.shape[0] == 0]
     left = [LeftOut(f"index_k_with_scale_buffer of layers {skipped}", "0 rows: they reuse the previous top-k")]
+    left = left if skipped else []
     if not kept:
-        return [], left if skipped else []
+        return [], left
     tokens_per_row = page // kpool
     first = kept[0][1]
-    if first.shape[1] * first.element_size() % tokens_per_row:
-        raise PartialPoolError(f"{name}: an index row of {first.shape[1]} bytes is not {tokens_per_row} tokens")
-    if any(t.shape != first.shape for _, t in kept) or first.shape[0] < view.num_blocks:
+    if first.ndim != 2 or first.shape[1] % tokens_per_row:
+        raise PartialPoolError(f"{name}: index rows {tuple(first.shape)} do not hold {tokens_per_row} tokens each")
+    if any(t.shape != first.shape or t.dtype != first.dtype for _, t in kept) or first.shape[0] < view.num_blocks:
         raise PartialPoolError(f"{name}: index buffers differ in shape or hold fewer pages than the KV")
     plane = Plane(
         "index_k_with_scale_buffer",
@@ -174,7 +174,7 @@ def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]
         1,
         False,
     )
-    return [plane], left if skipped else []
+    return [plane], left
 
 
 def _minimax(pool: object, view: PoolView) -> list[Plane]:
