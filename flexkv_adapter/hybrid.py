@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from .errors import InconsistentLayersError, UnsupportedPoolError
+from .planes import MAMBA_REASON, SWA_REASON, PartialPoolError, WholePool, describe
 from .probe import probe
 from .views import PoolView
 
@@ -191,7 +192,7 @@ def _mamba_groups(mamba: object) -> list[SideGroup]:
             continue
         named = [(f"mamba.{field}[{i}]", t) for i, t in enumerate(tensors)]
         for name, t in named if isinstance(value, (list, tuple)) else [(f"mamba.{field}", tensors[0])]:
-            groups.append(SideGroup(name, (t,), ids, "mamba_slot", "linear-attention state, one row per request slot"))
+            groups.append(SideGroup(name, (t,), ids, "mamba_slot", MAMBA_REASON))
     return groups or unknown
 
 
@@ -207,7 +208,7 @@ def detect(pool: object) -> HybridStructure | None:
                 tuple(ts),
                 swa_ids,
                 "swa_token",
-                "sliding-window KV in swa_kv_pool, indexed through full_to_swa_index_mapping",
+                SWA_REASON,
             )
             for plane, ts in _planes_of(swa).items()
         ]
@@ -281,7 +282,18 @@ def resolve_mode(mode: str | None) -> HybridMode:
 
 
 def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
-    """Refuse (default) or accept, with a report and a WARNING, a pool with side groups."""
+    """Offload whole what FlexKV's layer groups can address; otherwise refuse (default) or go attention-only."""
+    try:
+        whole = describe(pool, view)
+    except PartialPoolError as exc:
+        if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
+            return view
+        if not groups or resolve_mode(mode) != "attention_only":
+            raise HybridPoolError(str(exc)) from exc
+        whole = None  # a refused row: attention_only keeps its meaning
+    covered = {t.data_ptr() for p in whole.planes for t in p.tensors} if whole is not None else set()
+    if whole is not None and all(g.tensors and {t.data_ptr() for t in g.tensors} <= covered for g in groups):
+        return _offload_whole(view, pool, whole, bool(groups), mode)
     if not groups:
         return view
     excluded = tuple((lid, f"{g.name}: {g.reason}") for g in groups for lid in g.layer_ids)
@@ -307,6 +319,27 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
         warnings=(*view.report.warnings, f"attention layers only: {len(groups)} side group(s) not offloaded"),
     )
     return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
+
+
+def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool, mode: str | None) -> PoolView:
+    """The only exact choice for these pools; ``hybrid=`` may only refuse it, naming why."""
+    name, what = type(pool).__name__, ", ".join(p.name for p in whole.planes)
+    if mode == "attention_only":
+        raise HybridPoolError(
+            f"{name} can be offloaded whole: {what} share the KV's page ids and register as FlexKV layer groups "
+            f"(plan(view).flexkv_layer_groups()). hybrid='attention_only' would register the KV alone, and a "
+            f"prefix hit would restore it without them. Drop hybrid= (offloading whole is the default)"
+        )
+    if mode == "error" and listed:  # asked for the KV alone (a caller that registers only the KV buffers)
+        raise HybridPoolError(
+            f"{name} ({whole.family}) keeps {what} beside its KV; hybrid='error' asks for the KV alone, which "
+            f"would restore prefixes without them. Drop hybrid= to offload it whole through FlexKV's layer groups"
+        )
+    if mode == "error":  # DSA: FlexKV's connectors read the indexer from the pool themselves
+        return view
+    logger.info("%s: %s", name, whole.describe())
+    report = replace(view.report, source_kind=name, notes=(*view.report.notes, whole.describe()))
+    return view.rebuild(source=pool, whole=whole, report=report)
 
 
 __all__ = ["HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect"]

@@ -65,9 +65,11 @@ class PoolView:
         device: torch.device,
         report: Report,
         side_groups: tuple[Any, ...] = (),
+        whole: Any = None,
     ) -> None:
         self.source = source
         self.side_groups = side_groups
+        self.whole = whole  # planes.WholePool: the planes beside the KV, registered as FlexKV layer groups
         self.layer_ids = layer_ids
         self.page_size = page_size
         self.num_blocks = num_blocks
@@ -123,6 +125,7 @@ class PoolView:
             device=self.device,
             report=self.report,
             side_groups=self.side_groups,
+            whole=self.whole,
         )
         fields.update(changes)
         cls: Any = type(self)

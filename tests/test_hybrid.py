@@ -85,18 +85,23 @@ def test_mla_sub_pools_give_an_mla_view():
     assert [g.name for g in view.side_groups] == ["swa.kv"]
 
 
-def test_quantised_scale_planes_need_the_opt_in():
+def test_quantised_scale_planes_are_offloaded_whole_and_attention_only_is_refused():
     pool = SimpleNamespace(
-        k_buffer=[torch.zeros(32, 2, 8, dtype=torch.uint8)] * 2,
-        v_buffer=[torch.zeros(32, 2, 8, dtype=torch.uint8)] * 2,
-        k_scale_buffer=[torch.zeros(32, 1, dtype=torch.uint8)] * 2,
-        v_scale_buffer=[torch.zeros(32, 1, dtype=torch.uint8)] * 2,
+        k_buffer=[torch.zeros(32, 2, 8, dtype=torch.uint8) for _ in range(2)],
+        v_buffer=[torch.zeros(32, 2, 8, dtype=torch.uint8) for _ in range(2)],
+        k_scale_buffer=[torch.zeros(32, 1, dtype=torch.uint8) for _ in range(2)],
+        v_scale_buffer=[torch.zeros(32, 1, dtype=torch.uint8) for _ in range(2)],
         page_size=16,
     )
-    with pytest.raises(HybridPoolError, match="k_scale_buffer.*quantisation scales"):
-        adapt(pool)
-    view = adapt(pool, hybrid="attention_only")
-    assert [g.name for g in view.side_groups] == ["k_scale_buffer", "v_scale_buffer"]
+    view = adapt(pool)
+    assert [p.name for p in view.whole.planes] == ["k_scale_buffer/v_scale_buffer"] and not view.side_groups
+    assert [t.data_ptr() for t in view.whole.planes[0].tensors] == [
+        t.data_ptr() for t in (*pool.k_scale_buffer, *pool.v_scale_buffer)
+    ]
+    with pytest.raises(HybridPoolError, match="can be offloaded whole.*restore it without them"):
+        adapt(pool, hybrid="attention_only")
+    with pytest.raises(HybridPoolError, match="hybrid='error' asks for the KV alone"):
+        adapt(pool, hybrid="error")
 
 
 def test_invalid_hybrid_mode():

@@ -216,6 +216,12 @@ def check_for_flexkv_connector(view: PoolView, model_config: object, tp_size: in
     (``integration/sglang/connector.py``), so one KV head per rank of a model whose heads are split
     across ranks reads as "shared" and corrupts KV; register such a pool with :func:`register`.
     """
+    if view.whole is not None:  # that connector registers kv_buffer or k_buffer/v_buffer only
+        raise PlanError(
+            f"{view!r} is {view.whole.describe()}; FlexKV's SGLang connector would register the KV alone and "
+            f"restore prefixes without the rest. Register it with flexkv_adapter.flexkv.register(view, client, "
+            f"model_config=...) instead"
+        )
     heads = check_against_model_config(view, model_config, tp_size)
     per_rank = layout_facts(view).heads_per_rank
     if per_rank == 1 and heads > 1:

@@ -22,7 +22,7 @@ can misread it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from math import prod
 from typing import Any
@@ -41,6 +41,7 @@ from ..views import MHAView, PoolView
 from ..vllm_layout import is_vllm_dict
 from ._import import import_flexkv
 from .checks import check_chunks, check_five_d
+from .groups import GroupPlan, layer_group_specs, plan_groups
 from .model import (
     LayoutFacts,
     ModelFacts,
@@ -95,6 +96,7 @@ class FlexKVPlan:
     layer_ids: tuple[int, ...]
     dtype: torch.dtype
     kind: ViewKind  # what the tensors hold; kv_dim=1 is MLA or vLLM's packed [K | V] MHA cells
+    groups: tuple[GroupPlan, ...] = ()  # a pool offloaded whole: group 0 is this KV, then its planes (groups.py)
 
     @property
     def kv_shape(self) -> tuple[int, ...]:
@@ -148,9 +150,14 @@ class FlexKVPlan:
         fields["type"] = storage.KVCacheLayoutType[self.type.value]
         return storage.KVCacheLayout(**fields)
 
+    def flexkv_layer_groups(self) -> list[Any]:
+        """FlexKV's ``LayerGroupSpec`` list the ``ModelConfig`` must carry (needs FlexKV; [] for one group)."""
+        return layer_group_specs(self)
+
     def __str__(self) -> str:
         fields = ", ".join(f"{k}={v}" for k, v in self.layout_fields().items())
-        return f"FlexKV {self.mode.value} mode, {len(self.tensors)} tensors, KVCacheLayout({fields})"
+        extra = f", layer groups {[g.name for g in self.groups]}" if self.groups else ""
+        return f"FlexKV {self.mode.value} mode, {len(self.tensors)} tensors, KVCacheLayout({fields}){extra}"
 
 
 def _boundary(
@@ -191,7 +198,8 @@ def plan(
     tensors (vLLM ``[2, NB, BS, H, D]`` -> LAYERFIRST, ``[NB, 2, BS, H, D]`` -> LAYERBLOCK, MLA
     ``[NB, BS, D]``) register one tensor per layer (VLLM mode); one block-first tensor
     ``[NB, L, 2, BS, H, D]`` registers whole (TRTLLM mode). Any other source goes through
-    :func:`~flexkv_adapter.adapt` first.
+    :func:`~flexkv_adapter.adapt` first. A pool offloaded whole (``view.whole``: scale planes, the
+    DSA indexer, MiniMax's index KV) also gets ``groups``, FlexKV layer groups (:mod:`.groups`).
 
     ``model_config`` is FlexKV's ``ModelConfig`` (or an object or mapping with ``num_layers``,
     ``num_kv_heads``, ``head_size``, ``dtype``, ``tp_size``, optionally ``use_mla``/``kv_dim``,
@@ -296,4 +304,6 @@ def plan(
         raise PlanError(f"{name}: {mode.value} mode needs {expected_tensors} tensors, got {len(result.tensors)}")
     check_five_d(result, name)
     check_chunks(result, chunks, name, tp)
+    if isinstance(source, PoolView) and source.whole is not None:
+        result = replace(result, groups=plan_groups(result, source.whole, source.page_size, tp, name))
     return result

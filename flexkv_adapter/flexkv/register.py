@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ..errors import AdapterError
 from ..text import short_repr
+from .groups import check_model_groups, registration
 from .model import check_against_model_config
 from .plan import FlexKVPlan, plan
 
@@ -31,7 +32,7 @@ class RegistersToServer(Protocol):
     """The part of FlexKV's ``KVTPClient`` that :func:`register` calls."""
 
     def register_to_server(
-        self, kv_caches: list[Any], kv_layout: Any, override_device_id: int | None = None
+        self, kv_caches: list[Any], kv_layout: Any, override_device_id: int | None = None, **groups: Any
     ) -> Any: ...
 
 
@@ -53,7 +54,10 @@ def register(
     programming errors (:data:`PROGRAMMING_ERRORS`: e.g. CPU tensors, a FlexKV version without an
     attribute) are raised at once, and so is a client without ``register_to_server`` or an invalid
     ``attempts``/``interval_s``/``override_device_id``. ``model_config`` (FlexKV's ``ModelConfig``)
-    is checked against the layout before anything is sent. Returns the plan.
+    is checked against the layout before anything is sent. A pool offloaded whole (``plan.groups``)
+    also sends ``layer_groups``, ``gpu_layouts`` and ``handles_per_group``, and its ``model_config``
+    must carry exactly ``plan.flexkv_layer_groups()``; a single-group pool sends none, and its
+    ``model_config`` must carry none. Returns the plan.
     """
     send = _register_method(client)
     _check_retry_options(attempts, interval_s, override_device_id)
@@ -63,10 +67,12 @@ def register(
         p = source
     else:
         p = plan(source, model_config=model_config, **plan_options)
+    check_model_groups(p, model_config)
     layout = p.to_flexkv()
+    kv_caches, groups = registration(p)
     for attempt in range(1, attempts + 1):
         try:
-            send(list(p.tensors), layout, override_device_id=override_device_id)
+            send(kv_caches, layout, override_device_id=override_device_id, **groups)
         except PROGRAMMING_ERRORS:
             raise
         except Exception as exc:

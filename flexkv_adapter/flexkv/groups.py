@@ -1,0 +1,199 @@
+"""FlexKV layer groups for a pool offloaded whole: one group per plane, all under the KV's block ids.
+
+FlexKV's multi-group worker (``transfer/worker.py`` ``_init_multi_group``) copies each group with
+its own chunk (``tokens_per_block // compress_ratio * num_kv_heads * head_size * dtype``) and GPU
+block stride (from that group's ``KVCacheLayout``), but with ``kv_dim``, ``num_kv_heads`` and the
+addressing mode of group 0 for every group: under an MHA KV (2L tensors, ``ptr[kv*L + l]``) every
+group is a K list then a V list; under an MLA KV (L tensors) one tensor per layer. The server keeps
+its ``ModelConfig.layer_groups`` over the registration's, and sizes CPU blocks from them, so the
+config must carry exactly :func:`layer_group_specs` (:func:`check_model_groups`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..copy_rules import ALIGNMENT_FIX, alignment_problem, shard_problem
+from ..errors import NotAddressableError, PlanError
+from ..planes import Plane, WholePool
+from ._import import import_flexkv
+from .checks import shared_kv_mode
+
+if TYPE_CHECKING:
+    from .plan import FlexKVPlan
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One FlexKV layer group in the adapter's terms: its ``LayerGroupSpec``, GPU layout and tensors."""
+
+    name: str
+    tensors: tuple[torch.Tensor, ...]
+    layer_indices: tuple[int, ...]  # FlexKV's: the model's layer ids, local to the pipeline stage
+    num_head: int  # per rank
+    head_size: int  # per token, elements of dtype
+    dtype: torch.dtype
+    compress_ratio: int
+    tokens_per_block: int  # the KV's page size // compress_ratio
+    num_block: int
+    kv_dim: int  # group 0's, as FlexKV's worker uses it for every group
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.tokens_per_block * self.num_head * self.head_size * self.dtype.itemsize
+
+    def spec_fields(self) -> dict[str, Any]:
+        """Keyword arguments of FlexKV's ``LayerGroupSpec``."""
+        return {
+            "num_layers": len(self.layer_indices),
+            "num_kv_heads": self.num_head,
+            "head_size": self.head_size,
+            "layer_indices": list(self.layer_indices),
+            "dtype": self.dtype,
+            "compress_ratio": self.compress_ratio,
+        }
+
+    def layout_fields(self) -> dict[str, Any]:
+        """Keyword arguments of this group's GPU ``KVCacheLayout`` (LAYERFIRST, like the KV's)."""
+        return {
+            "type": "LAYERFIRST",
+            "num_layer": len(self.layer_indices),
+            "num_block": self.num_block,
+            "tokens_per_block": self.tokens_per_block,
+            "num_head": self.num_head,
+            "head_size": self.head_size,
+            "kv_dim": self.kv_dim,
+            "num_kv_heads": self.num_head,
+        }
+
+
+def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, source: str) -> tuple[GroupPlan, ...]:
+    """Group 0 is the KV ``p`` plans; then one group per plane, each checked as FlexKV will address it."""
+    start = min(p.layer_ids)
+    primary = GroupPlan(
+        "KV",
+        p.tensors,
+        tuple(lid - start for lid in p.layer_ids),
+        p.num_head,
+        p.head_size,
+        p.dtype,
+        1,
+        p.tokens_per_block,
+        p.num_block,
+        p.kv_dim,
+    )
+    if p.mode.value == "TRTLLM" or p.tokens_per_block != page_size:
+        raise PlanError(f"{source}: layer groups need per-layer KV tensors with page-sized blocks")
+    groups = [primary]
+    for plane in whole.planes:
+        groups.append(_plane_group(p, plane, start, tp_size, f"{source} {plane.name}"))
+    if len(p.tensors) == 1 and any(len(g.tensors) > 1 for g in groups):  # FlexKV: 1 tensor in group 0 = TRT-LLM
+        raise PlanError(f"{source}: a one-layer MLA KV makes FlexKV address every group as one block-first tensor")
+    return tuple(groups)
+
+
+def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: str) -> GroupPlan:
+    if plane.kv != (p.kv_dim == 2):
+        raise PlanError(
+            f"{where}: {'K and V planes' if plane.kv else 'one plane per layer'} under a KV with kv_dim={p.kv_dim}; "
+            f"FlexKV addresses every group with group 0's kv_dim, so it would read the wrong tensors"
+        )
+    if p.tokens_per_block % plane.compress_ratio or any(lid < start for lid in plane.layer_ids):
+        raise PlanError(f"{where}: compress ratio {plane.compress_ratio} or layers {plane.layer_ids} do not fit")
+    group = GroupPlan(
+        plane.name,
+        plane.tensors,
+        tuple(lid - start for lid in plane.layer_ids),
+        plane.num_heads,
+        plane.head_size,
+        plane.dtype,
+        plane.compress_ratio,
+        p.tokens_per_block // plane.compress_ratio,
+        p.num_block,
+        p.kv_dim,
+    )
+    chunk = group.chunk_bytes
+    if p.num_kv_heads == 1 and shared_kv_mode() == "sharded" and (problem := shard_problem(chunk, tp_size)):
+        raise NotAddressableError(f"{where}: {problem}")
+    for t in plane.tensors:
+        row = t[0].numel() * t.element_size()
+        if row * plane.rows_per_block != chunk or t.shape[0] < p.num_block * plane.rows_per_block:
+            raise PlanError(
+                f"{where}: {tuple(t.shape)} {t.dtype} does not hold {p.num_block} blocks of {chunk} bytes "
+                f"({plane.rows_per_block} rows of {row} bytes each)"
+            )
+        if problem := alignment_problem(chunk, t.data_ptr()):
+            raise NotAddressableError(f"{where}: {problem}. {ALIGNMENT_FIX}")
+    return group
+
+
+def layer_group_specs(p: FlexKVPlan) -> list[Any]:
+    """FlexKV's ``LayerGroupSpec`` list for ``p`` (needs FlexKV); empty for a single-group plan."""
+    if not p.groups:
+        return []
+    config = import_flexkv("flexkv.common.config")
+    return [config.LayerGroupSpec(**g.spec_fields()) for g in p.groups]
+
+
+def registration(p: FlexKVPlan) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """``register_to_server``'s ``kv_caches`` and its layer-group keywords (none for one group)."""
+    if not p.groups:
+        return list(p.tensors), {}
+    storage = import_flexkv("flexkv.common.storage")
+    layouts = []
+    for g in p.groups:
+        fields = g.layout_fields()
+        fields["type"] = storage.KVCacheLayoutType[fields["type"]]
+        layouts.append(storage.KVCacheLayout(**fields))
+    return [t for g in p.groups for t in g.tensors], {
+        "layer_groups": layer_group_specs(p),
+        "gpu_layouts": layouts,
+        "handles_per_group": [list(g.tensors) for g in p.groups],
+    }
+
+
+_SPEC = ("num_layers", "num_kv_heads", "head_size", "layer_indices", "dtype", "compress_ratio")
+
+
+def _spec_key(spec: object) -> tuple[Any, ...]:
+    """A ``LayerGroupSpec`` (or a mapping of its fields) as comparable values."""
+    values = [spec.get(n, _MISSING) if isinstance(spec, Mapping) else getattr(spec, n, _MISSING) for n in _SPEC]
+    if isinstance(values[3], (list, tuple, range)):
+        values[3] = tuple(values[3])
+    return tuple(values)
+
+
+def _show(keys: list[tuple[Any, ...]]) -> str:
+    return "; ".join(str(dict(zip(_SPEC, k))) for k in keys) or "None"
+
+
+def check_model_groups(p: FlexKVPlan, model_config: object) -> None:
+    """FlexKV's server sizes and copies by ``model_config.layer_groups``: they must be this plan's, exactly."""
+    wanted = [_spec_key(g.spec_fields()) for g in p.groups]
+    if model_config is None:
+        if wanted:
+            raise PlanError(
+                f"this pool registers {len(wanted)} FlexKV layer groups; pass model_config= (FlexKV's ModelConfig "
+                f"carrying layer_groups=plan.flexkv_layer_groups()) so they can be checked before registering"
+            )
+        return
+    raw = (
+        model_config.get("layer_groups")
+        if isinstance(model_config, Mapping)
+        else getattr(model_config, "layer_groups", None)
+    )
+    have = [_spec_key(s) for s in raw] if raw else []
+    if have == wanted:
+        return
+    raise PlanError(
+        f"model_config.layer_groups = [{_show(have)}] but this pool registers [{_show(wanted)}]. FlexKV's server "
+        f"keeps the model config's groups (it sizes CPU blocks and copies by them), so the registration would be "
+        f"misread. Build the ModelConfig with layer_groups=plan.flexkv_layer_groups() and run FlexKV's "
+        f"recompute_cache_block_counts before KVManager()"
+    )
