@@ -151,6 +151,14 @@ def test_help_shows_defaults_and_the_exit_table(tmp_path):
         assert f"{int(code)} {MEANINGS[code][0].replace('`', '')[:40]}" in text, code
 
 
+def test_the_wrong_interpreter_gets_a_hint_and_status_2_not_a_traceback():
+    """-I -S: no site-packages and no PYTHONPATH, as the system python without the project."""
+    done = subprocess.run([sys.executable, "-I", "-S", str(SCRIPT), "--help"], capture_output=True, text=True)
+    assert done.returncode == ExitCode.SETTINGS, done.stderr
+    assert done.stderr.startswith("ERROR start_remote: No module named") and "Traceback" not in done.stderr
+    assert sys.executable in done.stderr and ".venv/bin/python scripts/start_remote.py" in done.stderr
+
+
 def test_the_docs_exit_table_is_the_code_table():
     rows = [line for line in (ROOT / "docs" / "start_remote.md").read_text().splitlines() if line.startswith("| ")]
     table = {int(r.split("|")[1]): r.split("|")[2:4] for r in rows if r.split("|")[1].strip().isdigit()}

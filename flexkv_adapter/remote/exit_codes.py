@@ -7,7 +7,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Process exit status of ``start_remote.py`` (documented in the README)."""
+    """Process exit status of ``start_remote.py`` (table: docs/start_remote.md)."""
 
     OK = 0  # clean shutdown after SIGTERM/SIGINT/SIGHUP, or a successful --dry-run
     SETTINGS = 2  # invalid settings, command line or --config file
