@@ -98,11 +98,9 @@ class Ledger:
             self.failed[req_id] = blocks
             self.no_refetch.add(req_id)
 
-    def metadata(self, finished_req_ids: Iterable[str]) -> FlexKVAdapterMetadata:
-        """Hand the held-back failures to the workers (those vLLM ended meanwhile were dropped at finish)."""
-        gone = set(finished_req_ids)
-        failed = {r: b for r, b in self.failed.items() if r not in gone}
-        self.failed.clear()
+    def metadata(self) -> FlexKVAdapterMetadata:
+        """Hand the held-back failures to the workers, who report them with their failed blocks."""
+        failed, self.failed = self.failed, {}
         self.with_workers |= set(failed)
         errors = frozenset(b for blocks in failed.values() for b in blocks)
         return FlexKVAdapterMetadata(recving=frozenset(failed), load_errors=errors)
@@ -117,9 +115,15 @@ class Ledger:
         self.recving.clear()
 
     def finished(self, req_id: str) -> bool:
-        """vLLM ended the request: True if its blocks must wait for the workers' report of it."""
+        """vLLM ended the request: True if its blocks must wait for a finished_recving report of it.
+
+        vLLM frees an ended request that waited for a load only once it is reported finished
+        (scheduler.py:3017-3021), so a held-back failure is still reported, as a plain finish.
+        """
         self.no_refetch.discard(req_id)
-        self.failed.pop(req_id, None)
+        if self.failed.pop(req_id, None) is not None:
+            self.recving.add(req_id)
+            return True
         return req_id in self.with_workers
 
     @property

@@ -33,8 +33,10 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
     ),
     "build_connector_meta": (
         ("self", "scheduler_output"),
-        "base.py:92,438: failures reported with finished_recving in the same pass",
-        "adp:1159-1197 returns an empty KVConnectorMetadata; FLEXKV_SYNC_GET waits at adp:1194",
+        "base.py:92,438: failures reported with finished_recving in the same pass; sched:3210-3214 preempts "
+        "running requests outside schedule(), so one output can preempt and re-admit a request",
+        "adp:1159-1197 returns an empty KVConnectorMetadata; FLEXKV_SYNC_GET waits at adp:1194; adp:1176-1190 "
+        "with adp:733-750 cancels the new load of a re-admitted request, which then waits forever",
     ),
     "update_connector_output": (
         ("self", "connector_output"),
@@ -60,7 +62,7 @@ FLEXKV_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
     ("scheduler", "get_and_clear_failed_block_ids"): ("self",),
     ("scheduler", "wait_for_all_get_tasks"): ("self",),
 }
-FLEXKV_STATE = ("get_tasks", "put_tasks", "req_id_to_task_dict")
+FLEXKV_STATE = ("get_tasks", "put_tasks", "req_id_to_task_dict", "tasks_to_launch")
 
 
 def _params(fn: Any) -> tuple[str, ...]:
@@ -131,6 +133,16 @@ def excluded(request: Any) -> bool:
     return bool(getattr(request, "mm_features", None)) or getattr(request, "prompt_embeds", None) is not None
 
 
+class _Preempted:
+    """The scheduler output as FlexKV's preemption handling should read it: without re-admitted requests."""
+
+    def __init__(self, scheduler_output: Any, preempted: set[str]) -> None:
+        self._output, self.preempted_req_ids = scheduler_output, preempted
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._output, name)
+
+
 def _poll(conn: Any, ledger: Ledger) -> None:
     sched = conn._flexkv_connector.connector
     before = snapshot(sched.get_tasks)
@@ -149,8 +161,12 @@ def wrappers(cls: Any) -> dict[str, Any]:
         return orig["get_num_new_matched_tokens"](self, request, num_computed_tokens)  # type: ignore[no-any-return]
 
     def build_connector_meta(self: Any, scheduler_output: Any) -> Any:
-        orig["build_connector_meta"](self, scheduler_output)  # FlexKV launches (and, with SYNC_GET, waits)
-        return getattr(self, LEDGER).metadata(scheduler_output.finished_req_ids)
+        pending = self._flexkv_connector.connector.tasks_to_launch.values()
+        readmitted = {t.request.request_id for t in pending if t.request.status.name == "WAITING_FOR_REMOTE_KVS"}
+        preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        view = _Preempted(scheduler_output, preempted - readmitted) if preempted & readmitted else scheduler_output
+        orig["build_connector_meta"](self, view)  # FlexKV launches (and, with SYNC_GET, waits)
+        return getattr(self, LEDGER).metadata()
 
     def update_connector_output(self: Any, connector_output: Any) -> None:
         ledger = getattr(self, LEDGER)
