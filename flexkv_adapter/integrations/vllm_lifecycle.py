@@ -29,25 +29,30 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "get_num_new_matched_tokens": (
         ("self", "request", "num_computed_tokens"),
         "sched:1139; request.py:135,188 (prompt_embeds, mm_features)",
-        "adp:349-378 keys on token ids + LoRA/cache_salt only; a failed request would be offered the same hit",
+        "adp:344-390 keys on token ids + LoRA/cache_salt only; a request whose load failed would be offered "
+        "the same hit again",
     ),
     "build_connector_meta": (
         ("self", "scheduler_output"),
-        "base.py:92,438: failures reported with finished_recving in the same pass; sched:3210-3214 preempts "
+        "sched:1789; base.py:92,438 (failures with finished_recving in one pass); sched:3197-3207 preempts "
         "running requests outside schedule(), so one output can preempt and re-admit a request",
-        "adp:1159-1197 returns an empty KVConnectorMetadata; FLEXKV_SYNC_GET waits at adp:1194; adp:1176-1190 "
-        "with adp:733-750 cancels the new load of a re-admitted request, which then waits forever",
+        "adp:1159-1202 returns an empty KVConnectorMetadata; FLEXKV_SYNC_GET waits at adp:1199-1200 and "
+        "adp:756-781 drops the tasks unreported; adp:1172-1190 + adp:735-754 cancel a re-admitted request's load",
     ),
     "update_connector_output": (
         ("self", "connector_output"),
         "sched:2292-2305 reads failures before sched:3566 calls this",
-        "adp:1204-1206 overwrites finished_*; adp:661-695 query_finished_task, adp:697 failed ids",
+        "adp:1204-1218 overwrites finished_*; adp:692-728 query_finished_task; adp:730 failed block ids",
     ),
-    "request_finished": (("self", "request", "block_ids"), "sched:3395", "adp:515-560"),
-    "reset_cache": (("self",), "sched:3242; engine/core.py:944 (sleep, pause)", "adp:288-310, adp:1025"),
-    "unregister_kv_caches": ((("self",)), "gpu_worker.py:319,371", "adp:964 before_device_sleep"),
-    "restore_kv_caches": (("self",), "gpu_worker.py:344", "adp:967 after_device_wake"),
-    "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1092 (None)"),
+    "request_finished": (
+        ("self", "request", "block_ids"),
+        "sched:3395; sched:3017-3021 frees a waiting request only once it is reported",
+        "adp:505-558, adp:1221",
+    ),
+    "reset_cache": (("self",), "sched:3242; engine/core.py:932-944 (sleep, pause)", "adp:288-313, adp:1025-1031"),
+    "unregister_kv_caches": (("self",), "base.py:302; gpu_worker.py:319,371", "adp:964, adp:1119"),
+    "restore_kv_caches": (("self",), "base.py:307; gpu_worker.py:344", "adp:967, adp:1123"),
+    "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
     "get_block_ids_with_load_errors": (("self",), "kv_connector_model_runner_mixin.py:100", "adp:1280 (set())"),
 }
 # FlexKV 34ab141: (owner, method) -> parameters the wrappers call with
@@ -116,7 +121,7 @@ def attach(conn: Any) -> None:
     wait = sched.wait_for_all_get_tasks
 
     def wait_for_all_get_tasks() -> Any:
-        # FLEXKV_SYNC_GET=1 (adp:1194): FlexKV's blocking wait drops the tasks (adp:761-772), so its poll never
+        # FLEXKV_SYNC_GET=1 (adp:1199): FlexKV's blocking wait drops the tasks (adp:756-781), so its poll never
         # reports them and the requests hang. Report what the wait returned: good loads in this step's output,
         # failed ones with this step's metadata.
         before = snapshot(sched.get_tasks)
@@ -236,7 +241,7 @@ def requires_kv_delivery(self: Any) -> bool:
 
 
 def build_kv_connector_stats(cls: Any, data: dict[str, Any] | None = None) -> Any:
-    """FlexKV's own stats type (adp:29-60), so vLLM logs what FlexKV collects (metrics.py:72-81)."""
+    """FlexKV's own stats type (adp:29-62), so vLLM logs what FlexKV collects (metrics.py:72-81)."""
     try:
         stats = importlib.import_module("flexkv.integration.vllm.vllm_v1_adapter")._FlexKVConnectorStats
     except Exception:
