@@ -31,10 +31,16 @@ def block_bytes(view: torch.Tensor, block: int) -> torch.Tensor:
 
 
 class Engine:
-    """Scheduler + one worker (TP 1) around vLLM's FlexKVConnectorV1, as patched by the plugin."""
+    """Scheduler + worker(s) around vLLM's FlexKVConnectorV1, as patched by the plugin.
 
-    def __init__(self, connector_cls: Any, tmp_path: Any, policy: str = "fail", blocks: int = 40) -> None:
-        from vllm.distributed.kv_transfer import kv_transfer_state
+    With ``workers`` > 1 every worker runs the connector driver on the same scheduler output and
+    vLLM's ``KVOutputAggregator`` merges their outputs, as the multiprocess executor does at TP > 1.
+    """
+
+    def __init__(
+        self, connector_cls: Any, tmp_path: Any, policy: str = "fail", blocks: int = 40, workers: int = 1
+    ) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
@@ -49,9 +55,11 @@ class Engine:
             structured_output_manager=StructuredOutputManager(self.config),
             block_size=BLOCK,
         )
-        self.worker = connector_cls(self.config, KVConnectorRole.WORKER, kv_cache_config)
-        self.worker.register_kv_caches(self.kv_caches)
-        kv_transfer_state._KV_CONNECTOR_AGENT = self.worker
+        self.workers = [connector_cls(self.config, KVConnectorRole.WORKER, kv_cache_config) for _ in range(workers)]
+        for worker in self.workers:
+            worker.register_kv_caches(self.kv_caches)
+        self.worker = self.workers[0]
+        self.aggregator = KVOutputAggregator(workers)
         self.outputs: list[Any] = []  # every SchedulerOutput, in order
         self.finished: dict[str, Any] = {}
 
@@ -95,25 +103,31 @@ class Engine:
             sampled[req_id] = [7] if end >= request.num_tokens else []
         return sampled
 
-    def step(self) -> Any:
+    def _run_worker(self, worker: Any, so: Any, forward: bool) -> Any:
+        from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.forward_context import set_forward_context
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
-        so = self.scheduler.schedule()
-        self.outputs.append(so)
+        kv_transfer_state._KV_CONNECTOR_AGENT = worker
         with (
             set_forward_context(None, self.config),
             KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kv_output,
         ):
-            sampled = self._forward(so)
+            sampled = self._forward(so) if forward else {r: [] for r in so.num_scheduled_tokens}
         req_ids = list(sampled)
-        out = ModelRunnerOutput(
+        return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[sampled[r] for r in req_ids],
             kv_connector_output=kv_output,
         )
+
+    def step(self) -> Any:
+        so = self.scheduler.schedule()
+        self.outputs.append(so)
+        outs = [self._run_worker(w, so, forward=i == 0) for i, w in enumerate(self.workers)]
+        out = self.aggregator.aggregate(outs) if len(outs) > 1 else outs[0]
         for engine_outputs in self.scheduler.update_from_output(so, out).values():
             for output in engine_outputs.outputs:
                 if output.finish_reason is not None:

@@ -169,3 +169,17 @@ def test_negative_control_flexkv_alone_cancels_the_reload_of_a_request_preempted
     with pytest.raises(AssertionError, match="not reached"):
         engine.run(engine.idle, steps=10)
     assert b.status.name == "WAITING_FOR_REMOTE_KVS" and not engine.flexkv.req_id_to_task_dict  # task cancelled
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("recompute", "LENGTH"), ("fail", "ERROR")])
+def test_at_tp2_every_worker_reports_the_failure_and_vllm_aggregates_it(plugged, tmp_path, control, policy, expected):
+    engine = Engine(plugged, tmp_path, policy=policy, workers=2)
+    engine.serve("A", A)
+    engine.forget_local()
+    control["fail_gets"] = 1
+    engine.add("B", B)
+    engine.run(engine.idle)
+    assert engine.finished["B"].name == expected and new_schedules(engine, "B") == (
+        [0] if policy == "recompute" else []
+    )
+    assert not engine.aggregator._recv_remaining_count and flexkv_empty(engine)
