@@ -53,6 +53,22 @@ PATCHED = (
 )
 
 
+# FLEXKV_REAL_ADAPTER=<FlexKV tree>/flexkv/integration/vllm/vllm_v1_adapter.py runs the tier against FlexKV's
+# real connector code (34ab141), over the stand-in's KVManager, KVTPClient and config (its compiled parts).
+REAL_ADAPTER = os.environ.get("FLEXKV_REAL_ADAPTER", "")
+
+
+def _load_real_adapter(path: str) -> None:
+    import importlib.util
+
+    import flexkv.integration.vllm  # noqa: F401  (the stand-in's package, for the module's parents)
+
+    spec = importlib.util.spec_from_file_location("flexkv.integration.vllm.vllm_v1_adapter", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
 def _drop_flexkv() -> None:
     for name in [m for m in sys.modules if m == "flexkv" or m.startswith("flexkv.")]:
         del sys.modules[name]
@@ -66,6 +82,8 @@ def connector_cls(monkeypatch):
     saved = {n: FlexKVConnectorV1.__dict__.get(n) for n in PATCHED}
     _drop_flexkv()
     monkeypatch.syspath_prepend(str(FAKE))
+    if REAL_ADAPTER:
+        _load_real_adapter(REAL_ADAPTER)
     yield FlexKVConnectorV1
     for name, value in saved.items():
         if value is None:

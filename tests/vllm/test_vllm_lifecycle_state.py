@@ -3,6 +3,8 @@ worker driver with the plugin (FlexKV: the stand-in in ``fake_flexkv``, followin
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from flexkv_adapter.integrations import vllm_lifecycle
@@ -168,12 +170,20 @@ def test_best_effort_delivery_and_flexkvs_stats_reach_vllm(plugged, tmp_path):
     assert stats is not None and stats.reduce()["num_put_requests"] == 1
 
 
+def test_the_tier_runs_the_flexkv_connector_code_it_names(plugged, tmp_path):
+    from .conftest import FAKE, REAL_ADAPTER
+
+    engine = Engine(plugged, tmp_path)
+    source = sys.modules[type(engine.scheduler.connector._flexkv_connector).__module__].__file__
+    assert source == REAL_ADAPTER if REAL_ADAPTER else source.startswith(str(FAKE))
+
+
 def test_a_flexkv_that_differs_is_refused_at_construction(plugged, tmp_path, monkeypatch):
-    from flexkv.integration.vllm import scheduler_side
+    from flexkv.integration.vllm import vllm_v1_adapter
 
     from flexkv_adapter import AdapterError
 
-    monkeypatch.delattr(scheduler_side.FlexKVSchedulerConnector, "get_and_clear_failed_block_ids")
+    monkeypatch.delattr(vllm_v1_adapter.FlexKVSchedulerConnector, "get_and_clear_failed_block_ids")
     with pytest.raises(AdapterError, match="get_and_clear_failed_block_ids"):
         Engine(plugged, tmp_path)
 
