@@ -102,6 +102,7 @@ def _patch_connector(cls: Any) -> None:
                 functools.partial(_register, facts=facts, tp_size=tp_size), worker
             )
         original_register(self, kv_caches)
+        setattr(self, vllm_lifecycle.ASLEEP, False)  # a fresh registration (after discard) is awake
 
     def get_required_kvcache_layout(cls: Any, vllm_config: Any) -> str:
         return PREFERRED_LAYOUT

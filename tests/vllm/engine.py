@@ -172,9 +172,10 @@ class Engine:
 
 
 def flexkv_empty(engine: Engine) -> bool:
-    """Nothing left in FlexKV's task maps (adp:251-257) nor in its task engine."""
+    """Nothing left in FlexKV's task maps (adp:253-266), in its task engine, nor in the plugin's ledger."""
     from flexkv.kvmanager import MANAGERS
 
     side = engine.flexkv
     maps = (side.req_id_to_task_dict, side.get_tasks, side.put_tasks, side.tasks_to_launch, side.tasks_to_cancel)
-    return not any(maps) and not side.failed_block_ids and not MANAGERS[-1].tasks
+    ledger = engine.scheduler.connector._flexkv_adapter_ledger
+    return not any(maps) and not side.failed_block_ids and not MANAGERS[-1].tasks and not ledger.pending

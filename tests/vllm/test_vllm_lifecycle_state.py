@@ -93,6 +93,16 @@ def test_sleep_then_wake_then_store_and_hit_again(plugged, tmp_path):
     assert new_schedules(engine, "B") == [48] and engine.holds("B", A, 3)
 
 
+def test_a_discarded_kv_cache_registered_afresh_is_not_re_registered_on_wake(plugged, tmp_path):
+    from flexkv.server import client
+
+    engine = Engine(plugged, tmp_path)
+    engine.worker.unregister_kv_caches()  # gpu_worker.py:371, discard(("kv_cache",))
+    engine.worker.register_kv_caches(engine.kv_caches)  # vLLM allocates and registers again
+    engine.worker.restore_kv_caches()
+    assert len(client.REGISTRATIONS) == 2 and not client.REGISTRATIONS[-1]["resume"] and not client.SUSPENDED
+
+
 def test_negative_control_without_the_wrappers_sleep_leaves_flexkv_mapped(plugged, tmp_path):
     from flexkv.server import client
 
