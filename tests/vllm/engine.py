@@ -1,6 +1,7 @@
 """A CPU stand-in for vLLM 0.33's engine loop: the REAL Scheduler (with its real KVCacheManager) and
-the real worker-side connector driver (``KVConnectorModelRunnerMixin._get_kv_connector_output``),
-stepped by hand: schedule -> worker -> update_from_output.
+the real worker-side connector driver, stepped by hand: schedule -> worker -> update_from_output.
+The driver is the V2 model runner's ``ActiveKVConnector`` (``driver="v2"``) or the V1 runner's
+``KVConnectorModelRunnerMixin._get_kv_connector_output`` (``driver="v1"``).
 
 Only the model is replaced: its "forward" writes, into every block a scheduled token touches, bytes
 that are a function of the token prefix up to that block's end (:func:`kv_bytes`), through vLLM's
@@ -38,8 +39,15 @@ class Engine:
     """
 
     def __init__(
-        self, connector_cls: Any, tmp_path: Any, policy: str = "fail", blocks: int = 40, workers: int = 1
+        self,
+        connector_cls: Any,
+        tmp_path: Any,
+        policy: str = "fail",
+        blocks: int = 40,
+        workers: int = 1,
+        driver: str = "v2",
     ) -> None:
+        from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -56,8 +64,16 @@ class Engine:
             block_size=BLOCK,
         )
         self.workers = [connector_cls(self.config, KVConnectorRole.WORKER, kv_cache_config) for _ in range(workers)]
+        self.drivers: list[Any] = []
         for worker in self.workers:
-            worker.register_kv_caches(self.kv_caches)
+            kv_transfer_state._KV_CONNECTOR_AGENT = worker
+            if driver == "v2":
+                from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+
+                self.drivers.append(ActiveKVConnector(self.config, self.kv_caches))  # registers the caches
+            else:
+                worker.register_kv_caches(self.kv_caches)
+                self.drivers.append(None)
         self.worker = self.workers[0]
         self.aggregator = KVOutputAggregator(workers)
         self.outputs: list[Any] = []  # every SchedulerOutput, in order
@@ -103,18 +119,24 @@ class Engine:
             sampled[req_id] = [7] if end >= request.num_tokens else []
         return sampled
 
-    def _run_worker(self, worker: Any, so: Any, forward: bool) -> Any:
+    def _run_worker(self, worker: Any, driver: Any, so: Any, forward: bool) -> Any:
         from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.forward_context import set_forward_context
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
         kv_transfer_state._KV_CONNECTOR_AGENT = worker
-        with (
-            set_forward_context(None, self.config),
-            KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kv_output,
-        ):
+        if driver is not None:  # the V2 runner: pre_forward, forward, finish_forward, post_forward
+            driver.pre_forward(so)
             sampled = self._forward(so) if forward else {r: [] for r in so.num_scheduled_tokens}
+            driver.finish_forward()
+            kv_output = driver.post_forward(so.finished_req_ids)
+        else:
+            with (
+                set_forward_context(None, self.config),
+                KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kv_output,
+            ):
+                sampled = self._forward(so) if forward else {r: [] for r in so.num_scheduled_tokens}
         req_ids = list(sampled)
         return ModelRunnerOutput(
             req_ids=req_ids,
@@ -126,7 +148,7 @@ class Engine:
     def step(self) -> Any:
         so = self.scheduler.schedule()
         self.outputs.append(so)
-        outs = [self._run_worker(w, so, forward=i == 0) for i, w in enumerate(self.workers)]
+        outs = [self._run_worker(w, d, so, forward=i == 0) for i, (w, d) in enumerate(zip(self.workers, self.drivers))]
         out = self.aggregator.aggregate(outs) if len(outs) > 1 else outs[0]
         for engine_outputs in self.scheduler.update_from_output(so, out).values():
             for output in engine_outputs.outputs:

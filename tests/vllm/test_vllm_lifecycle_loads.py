@@ -64,8 +64,11 @@ def test_negative_control_a_broken_registration_loads_other_bytes(plugged, tmp_p
     assert not engine.holds("B", A, 3)
 
 
-def test_failed_load_with_recompute_recomputes_from_the_first_block(plugged, tmp_path, control):
-    engine = stored_a_then_forgot(plugged, tmp_path, policy="recompute")
+@pytest.mark.parametrize("driver", ["v2", "v1"])
+def test_failed_load_with_recompute_recomputes_from_the_first_block(plugged, tmp_path, control, driver):
+    engine = Engine(plugged, tmp_path, policy="recompute", driver=driver)
+    engine.serve("A", A)
+    engine.forget_local()
     control["fail_gets"] = 1
     b = engine.add("B", B)
     engine.run(lambda: b.status.name == "RUNNING")
@@ -77,8 +80,11 @@ def test_failed_load_with_recompute_recomputes_from_the_first_block(plugged, tmp
     assert flexkv_empty(engine)
 
 
-def test_failed_load_with_fail_policy_ends_the_request_with_an_error(plugged, tmp_path, control):
-    engine = stored_a_then_forgot(plugged, tmp_path, policy="fail")
+@pytest.mark.parametrize("driver", ["v2", "v1"])
+def test_failed_load_with_fail_policy_ends_the_request_with_an_error(plugged, tmp_path, control, driver):
+    engine = Engine(plugged, tmp_path, policy="fail", driver=driver)
+    engine.serve("A", A)
+    engine.forget_local()
     free = engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
     control["fail_gets"] = 1
     engine.add("B", B)
