@@ -206,3 +206,13 @@ def test_a_vllm_that_differs_is_refused_at_construction(connector_cls, tmp_path,
     install()
     with pytest.raises(AdapterError, match="update_connector_output"):
         Engine(connector_cls, tmp_path)
+
+
+def test_the_metadata_reaches_worker_processes_intact():
+    """Multiprocess executors pickle the scheduler output, metadata included, for every worker."""
+    import pickle
+
+    from flexkv_adapter.integrations.vllm_ledger import FlexKVAdapterMetadata
+
+    meta = FlexKVAdapterMetadata(recving=frozenset({"B"}), load_errors=frozenset({4, 5, 6}))
+    assert pickle.loads(pickle.dumps(meta)) == meta
