@@ -14,8 +14,6 @@ from flexkv.integration.config import FlexKVConfig
 from flexkv.integration.vllm.scheduler_side import FlexKVSchedulerConnector
 from flexkv.server.client import KVTPClient
 
-SCHEDULERS: list = []
-
 
 class _FlexKVConnectorStats(KVConnectorStats):  # adp:29-60
     _RATIO_KEYS = frozenset({"get_gpu_match_ratio", "get_flexkv_match_ratio"})
@@ -96,7 +94,6 @@ class FlexKVConnectorV1Impl:
         rank_info = flexkv_config.post_init_from_vllm_config(vllm_config)
         if role == KVConnectorRole.SCHEDULER:
             self.connector = FlexKVSchedulerConnector(flexkv_config, rank_info)
-            SCHEDULERS.append(self.connector)
             self.previous_scheduled_req_ids = set()
         else:
             self.connector = FlexKVWorkerConnector(flexkv_config, rank_info)
