@@ -49,7 +49,11 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
         "sched:3395; sched:3017-3021 frees a waiting request only once it is reported",
         "adp:505-558, adp:1221",
     ),
-    "reset_cache": (("self",), "sched:3242; engine/core.py:932-944 (sleep, pause)", "adp:288-313, adp:1025-1031"),
+    "reset_cache": (
+        ("self",),
+        "sched:3242; engine/core.py:932-944 (sleep, pause); sched:3395 keeps a storing request's blocks",
+        "adp:288-313 drops get/put tasks and unlaunched stores (adp:541-556), adp:644 launch_tasks, adp:1025",
+    ),
     "unregister_kv_caches": (("self",), "base.py:302; gpu_worker.py:319,371", "adp:964, adp:1119"),
     "restore_kv_caches": (("self",), "base.py:307; gpu_worker.py:344", "adp:967, adp:1123"),
     "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
@@ -66,6 +70,7 @@ FLEXKV_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
     ("scheduler", "query_finished_task"): ("self",),
     ("scheduler", "get_and_clear_failed_block_ids"): ("self",),
     ("scheduler", "wait_for_all_get_tasks"): ("self",),
+    ("scheduler", "launch_tasks"): ("self",),
 }
 FLEXKV_STATE = ("get_tasks", "put_tasks", "req_id_to_task_dict", "tasks_to_launch")
 
@@ -191,8 +196,11 @@ def wrappers(cls: Any) -> dict[str, Any]:
         if ledger is None:  # worker side: FlexKV's answer (None)
             return orig["reset_cache"](self)  # type: ignore[no-any-return]
         sched = self._flexkv_connector.connector
+        # FlexKV's reset drops its task maps: a store prepared by request_finished but not launched yet would
+        # never be reported, and vLLM would keep that request's blocks forever. Launch it, then let all finish.
+        sched.launch_tasks()
         deadline = time.monotonic() + RESET_WAIT_S
-        while sched.get_tasks or sched.put_tasks:  # FlexKV's reset drops their bookkeeping: let them finish
+        while sched.get_tasks or sched.put_tasks:
             _poll(self, ledger)
             if not (sched.get_tasks or sched.put_tasks):
                 break

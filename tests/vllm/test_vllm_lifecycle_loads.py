@@ -189,3 +189,14 @@ def test_at_tp2_every_worker_reports_the_failure_and_vllm_aggregates_it(plugged,
         [0] if policy == "recompute" else []
     )
     assert not engine.aggregator._recv_remaining_count and flexkv_empty(engine)
+
+
+def test_a_failed_store_is_a_future_miss_and_frees_the_blocks(plugged, tmp_path, control):
+    engine = Engine(plugged, tmp_path)
+    control["fail_puts"] = 1
+    engine.serve("A", A)
+    assert flexkv_empty(engine) and engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() > 0
+    engine.forget_local()
+    b = engine.add("B", B)
+    engine.run(lambda: b.status.name == "RUNNING")
+    assert new_schedules(engine, "B") == [0]

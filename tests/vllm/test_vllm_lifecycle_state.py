@@ -45,6 +45,15 @@ def test_reset_with_a_load_in_flight_lets_it_finish_with_the_right_kv(plugged, t
     assert flexkv_empty(engine)
 
 
+def test_reset_right_after_a_request_finished_still_frees_its_blocks(plugged, tmp_path):
+    engine = Engine(plugged, tmp_path)
+    engine.add("A", A)
+    engine.run(lambda: engine.flexkv.tasks_to_launch)  # A finished; FlexKV's store launches with the next step
+    assert engine.scheduler.reset_connector_cache() is True
+    engine.run(engine.idle)  # A's blocks came back: its store was reported finished
+    assert flexkv_empty(engine)
+
+
 def test_negative_control_flexkvs_reset_alone_strands_the_loading_request(plugged, tmp_path, control):
     engine = stored_a_then_forgot(plugged, tmp_path)
     control["polls"] = 4
