@@ -161,6 +161,25 @@ def _poll(conn: Any, ledger: Ledger) -> None:
     ledger.add(classify(sending, recving, failed, before))
 
 
+def _drain(conn: Any, ledger: Ledger) -> bool:
+    """Finish FlexKV's transfers before its reset, which drops their bookkeeping; False on timeout.
+
+    A store prepared by request_finished but not launched yet would never be reported, and vLLM
+    would keep that request's blocks forever: it is launched first. Outcomes go to the ledger.
+    """
+    sched = conn._flexkv_connector.connector
+    sched.launch_tasks()
+    deadline = time.monotonic() + RESET_WAIT_S
+    while sched.get_tasks or sched.put_tasks:
+        _poll(conn, ledger)
+        if not (sched.get_tasks or sched.put_tasks):
+            break
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def wrappers(cls: Any) -> dict[str, Any]:
     """The replacement methods for ``cls`` (vLLM's FlexKVConnectorV1), keyed as in :data:`PATCHES`."""
     orig = {name: getattr(cls, name) for name in PATCHES}
@@ -195,23 +214,13 @@ def wrappers(cls: Any) -> dict[str, Any]:
         ledger = getattr(self, LEDGER, None)
         if ledger is None:  # worker side: FlexKV's answer (None)
             return orig["reset_cache"](self)  # type: ignore[no-any-return]
-        sched = self._flexkv_connector.connector
-        # FlexKV's reset drops its task maps: a store prepared by request_finished but not launched yet would
-        # never be reported, and vLLM would keep that request's blocks forever. Launch it, then let all finish.
-        sched.launch_tasks()
-        deadline = time.monotonic() + RESET_WAIT_S
-        while sched.get_tasks or sched.put_tasks:
-            _poll(self, ledger)
-            if not (sched.get_tasks or sched.put_tasks):
-                break
-            if time.monotonic() > deadline:
+        try:
+            if not _drain(self, ledger):
                 logger.error(
                     "flexkv_adapter: FlexKV transfers still in flight after %.0f s; FlexKV's cache was NOT reset",
                     RESET_WAIT_S,
                 )
                 return False
-            time.sleep(0.005)
-        try:
             result = self._flexkv_connector.reset_cache()
         except Exception:
             logger.exception("flexkv_adapter: FlexKV's reset failed; its cache may still hold stale KV")
