@@ -12,6 +12,7 @@
    (a Triton kernel when Triton and CUDA are present, else one torch gather on the raw words) and
    compares with the view's block; a base the word size does not divide counts as a fault.
 4. Times ``adapt()`` on a pool of ``--big-gib`` GiB and reports device memory before and after.
+5. vLLM sleep mode: the plugin's re-registration on wake addresses the woken KV memory (gpu_check_sleep.py).
 
     python scripts/gpu_check.py [--device auto|cuda|cpu] [--big-gib 100] [--out result.json]
 
@@ -44,11 +45,14 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import reduce_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flexkv_adapter.adapting import adapt
 from flexkv_adapter.errors import AdapterError
 from flexkv_adapter.flexkv.plan import plan
 from flexkv_adapter.samples import SAMPLES
+
+from gpu_check_sleep import sleep_check  # isort: skip
 
 
 def raw_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -299,6 +303,7 @@ def run(device: torch.device, big_gib: float, child_timeout_s: float) -> dict[st
         results["big_pool"] = big_pool(device, big_gib)
     except Exception as exc:
         results["big_pool"] = {"error": f"{type(exc).__name__}: {exc}"}
+    results["sleep"] = sleep_check(device)
     results["failures"] = failures(results)
     results["ok"] = not results["failures"]
     return results
@@ -320,7 +325,7 @@ def failures(results: dict[str, Any]) -> list[str]:
     big = results["big_pool"]
     if "error" in big or big.get("bytes_copied") or big.get("new_allocation_bytes"):
         out.append(f"big_pool: {big}")
-    return out
+    return out + [f"sleep: {f}" for f in results.get("sleep", {}).get("failures", [])]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,9 @@ imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexK
 - ``register_kv_caches`` plans the dict (:func:`~flexkv_adapter.flexkv.vllm_plan.plan_vllm`) and
   registers that plan with FlexKV's TP client; a refusal fails start-up with the adapter's message;
 - ``get_required_kvcache_layout`` states LBNHC (used when ``VLLM_KV_CACHE_LAYOUT`` is unset and the
-  attention backend supports it).
+  attention backend supports it);
+- the request-lifecycle wrappers of :mod:`.vllm_lifecycle` (failed loads, reset, sleep/wake,
+  ``FLEXKV_SYNC_GET``, multimodal requests, stats), each listed there with the lines it answers.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from ..errors import AdapterError, NotAddressableError
 from ..layout import ViewKind
+from . import vllm_lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +56,21 @@ def _patch_connector(cls: Any) -> None:
     if cls.__dict__.get(_MARK):
         return
     original_init, original_register = cls.__init__, cls.register_kv_caches
+    mismatch = vllm_lifecycle.vllm_mismatch(cls)
 
     @functools.wraps(original_init)
     def __init__(
         self: Any, vllm_config: Any, role: Any, kv_cache_config: Any = None, *args: Any, **kwargs: Any
     ) -> None:
+        if mismatch:
+            raise AdapterError(f"flexkv_adapter: {mismatch}; the plugin was proven on vLLM 0.33 and refuses")
         _patch_flexkv_config()
         token = _kv_cache_config.set(kv_cache_config)
         try:
             original_init(self, vllm_config, role, kv_cache_config, *args, **kwargs)
         finally:
             _kv_cache_config.reset(token)
+        vllm_lifecycle.attach(self)
 
     @functools.wraps(original_register)
     def register_kv_caches(self: Any, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -95,6 +102,7 @@ def _patch_connector(cls: Any) -> None:
                 functools.partial(_register, facts=facts, tp_size=tp_size), worker
             )
         original_register(self, kv_caches)
+        setattr(self, vllm_lifecycle.ASLEEP, False)  # a fresh registration (after discard) is awake
 
     def get_required_kvcache_layout(cls: Any, vllm_config: Any) -> str:
         return PREFERRED_LAYOUT
@@ -102,6 +110,11 @@ def _patch_connector(cls: Any) -> None:
     cls.__init__ = __init__
     cls.register_kv_caches = register_kv_caches
     cls.get_required_kvcache_layout = classmethod(get_required_kvcache_layout)
+    if not mismatch:
+        for name, wrapper in vllm_lifecycle.wrappers(cls).items():
+            setattr(cls, name, functools.wraps(getattr(cls, name))(wrapper))
+        cls.requires_kv_delivery = property(vllm_lifecycle.requires_kv_delivery)
+        cls.build_kv_connector_stats = classmethod(vllm_lifecycle.build_kv_connector_stats)
     setattr(cls, _MARK, True)
     logger.debug("flexkv_adapter: patched %s", cls.__qualname__)
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
+
+from flexkv_adapter.integrations.vllm_lifecycle import PATCHES as LIFECYCLE_PATCHES
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 try:
@@ -35,3 +39,70 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_vllm():
     logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+FAKE = Path(__file__).parent / "fake_flexkv"
+PATCHED = (
+    "__init__",
+    "register_kv_caches",
+    "get_required_kvcache_layout",
+    "_flexkv_adapter_installed",
+    "requires_kv_delivery",
+    "build_kv_connector_stats",
+    *LIFECYCLE_PATCHES,
+)
+
+
+# FLEXKV_REAL_ADAPTER=<FlexKV tree>/flexkv/integration/vllm/vllm_v1_adapter.py runs the tier against FlexKV's
+# real connector code (34ab141), over the stand-in's KVManager, KVTPClient and config (its compiled parts).
+REAL_ADAPTER = os.environ.get("FLEXKV_REAL_ADAPTER", "")
+
+
+def _load_real_adapter(path: str) -> None:
+    import importlib.util
+
+    import flexkv.integration.vllm  # noqa: F401  (the stand-in's package, for the module's parents)
+
+    spec = importlib.util.spec_from_file_location("flexkv.integration.vllm.vllm_v1_adapter", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
+def _drop_flexkv() -> None:
+    for name in [m for m in sys.modules if m == "flexkv" or m.startswith("flexkv.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def connector_cls(monkeypatch):
+    """vLLM's FlexKVConnectorV1, unpatched, with the FlexKV stand-in importable; restored afterwards."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import FlexKVConnectorV1
+
+    saved = {n: FlexKVConnectorV1.__dict__.get(n) for n in PATCHED}
+    _drop_flexkv()
+    monkeypatch.syspath_prepend(str(FAKE))
+    if REAL_ADAPTER:
+        _load_real_adapter(REAL_ADAPTER)
+    yield FlexKVConnectorV1
+    for name, value in saved.items():
+        if value is None:
+            if name in FlexKVConnectorV1.__dict__:
+                delattr(FlexKVConnectorV1, name)
+        else:
+            setattr(FlexKVConnectorV1, name, value)
+    _drop_flexkv()
+
+
+@pytest.fixture
+def plugged(connector_cls, monkeypatch, caplog):
+    """load_general_plugins() as vLLM's engine core and workers call it (VLLM_PLUGINS unset)."""
+    import vllm.plugins
+
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
+    with caplog.at_level(logging.DEBUG, logger="flexkv_adapter"):
+        vllm.plugins.load_general_plugins()
+    assert not [r for r in caplog.records if r.name.startswith("flexkv_adapter") and r.levelno > logging.DEBUG]
+    assert "_flexkv_adapter_installed" in connector_cls.__dict__
+    return connector_cls

@@ -6,9 +6,7 @@ get_kv_cache_shape at construction (the crash on vLLM 0.33) and records registra
 
 from __future__ import annotations
 
-import logging
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,47 +15,8 @@ from flexkv_adapter import NotAddressableError
 
 from ..helpers import flexkv_worker_read
 from .build import allocate, connector_config
+from .conftest import _drop_flexkv
 from .test_vllm_layouts import EXPECTED, assert_flexkv_reads_vllm
-
-FAKE = Path(__file__).parent / "fake_flexkv"
-PATCHED = ("__init__", "register_kv_caches", "get_required_kvcache_layout", "_flexkv_adapter_installed")
-
-
-def _drop_flexkv() -> None:
-    for name in [m for m in sys.modules if m == "flexkv" or m.startswith("flexkv.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture
-def connector_cls(monkeypatch):
-    """vLLM's FlexKVConnectorV1, unpatched, with the FlexKV stand-in importable; restored afterwards."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import FlexKVConnectorV1
-
-    saved = {n: FlexKVConnectorV1.__dict__.get(n) for n in PATCHED}
-    _drop_flexkv()
-    monkeypatch.syspath_prepend(str(FAKE))
-    yield FlexKVConnectorV1
-    for name, value in saved.items():
-        if value is None:
-            if name in FlexKVConnectorV1.__dict__:
-                delattr(FlexKVConnectorV1, name)
-        else:
-            setattr(FlexKVConnectorV1, name, value)
-    _drop_flexkv()
-
-
-@pytest.fixture
-def plugged(connector_cls, monkeypatch, caplog):
-    """load_general_plugins() as vLLM's engine core and workers call it (VLLM_PLUGINS unset)."""
-    import vllm.plugins
-
-    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
-    with caplog.at_level(logging.DEBUG, logger="flexkv_adapter"):
-        vllm.plugins.load_general_plugins()
-    assert not [r for r in caplog.records if r.name.startswith("flexkv_adapter") and r.levelno > logging.DEBUG]
-    assert "_flexkv_adapter_installed" in connector_cls.__dict__
-    return connector_cls
 
 
 def roles():
@@ -90,7 +49,8 @@ def test_both_roles_construct_with_flexkvs_layout_from_the_spec(plugged, tmp_pat
     config = connector_config(tmp_path, case, tp_size)
     for role in (roles().SCHEDULER, roles().WORKER):
         connector = plugged(config, role, kv_cache_config)
-        model = connector._flexkv_connector.connector.flexkv_config.model_config
+        side = connector._flexkv_connector.connector  # FlexKV's scheduler side keeps rank_info, its worker the config
+        model = side.rank_info.model_config if role == roles().SCHEDULER else side.flexkv_config.model_config
         assert (model.kv_dim, model.head_size, model.num_kv_heads) == (1, spec.head_size + spec.head_size_v, heads)
 
 

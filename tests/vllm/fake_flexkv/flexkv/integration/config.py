@@ -8,10 +8,13 @@ import torch
 class FlexKVConfig:
     def __init__(self):
         self.model_config = SimpleNamespace(
-            num_layers=0, num_kv_heads=0, head_size=0, kv_dim=2, tp_size=1, dtype=torch.bfloat16
+            num_layers=0, num_kv_heads=0, head_size=0, kv_dim=2, tp_size=1, dtype=torch.bfloat16, dp_size=1, nnodes=1
         )
-        self.cache_config = SimpleNamespace(tokens_per_block=16)
+        self.cache_config = SimpleNamespace(
+            tokens_per_block=16, enable_kv_sharing=False, enable_remote=False, enable_gds=False
+        )
         self.gpu_register_port = "ipc:///tmp/fake_flexkv_gpu_register"
+        self.server_recv_port = "ipc:///tmp/fake_flexkv_server_recv"
 
     @classmethod
     def from_env(cls):
@@ -22,7 +25,9 @@ class FlexKVConfig:
         self.model_config.num_layers = vllm_config.model_config.get_num_layers(vllm_config.parallel_config)
         self.model_config.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
         self._configure_kv_layout_from_vllm_backend(vllm_config, vllm_config.cache_config.cache_dtype)
-        return SimpleNamespace(model_config=self.model_config, tp_rank=0, local_rank=0)
+        from flexkv.common.config import RankInfo
+
+        return RankInfo(model_config=self.model_config)
 
     def _configure_kv_layout_from_vllm_backend(self, vllm_config, vllm_kv_cache_dtype):
         # FlexKV asks the backend for one block's cache shape; vLLM 0.33 backends lack the method.

@@ -1,6 +1,7 @@
 """``KVTPClient``: the worker's registration channel. Records instead of sending CUDA IPC handles."""
 
 REGISTRATIONS: list[dict] = []
+SUSPENDED = False  # between suspend_gpu_mappings and a resume registration (server/client.py:351-366)
 
 
 class KVTPClient:
@@ -18,8 +19,10 @@ class KVTPClient:
         resume=False,
         **swa,
     ):
+        global SUSPENDED
         if not kv_caches:
             raise ValueError("GPU blocks must be CUDA tensors")
+        SUSPENDED = False
         REGISTRATIONS.append(
             dict(
                 kv_caches=list(kv_caches),
@@ -29,3 +32,8 @@ class KVTPClient:
                 device_id=override_device_id or self.device_id,
             )
         )
+
+    def suspend_gpu_mappings(self):
+        global SUSPENDED
+        SUSPENDED = True
+        return len(REGISTRATIONS[-1]["kv_caches"]) if REGISTRATIONS else 0

@@ -1,0 +1,269 @@
+"""vLLM 0.33 x FlexKV 34ab141 through the request lifecycle: the wrappers, listed in :data:`PATCHES`.
+
+Each entry names the method of vLLM's ``FlexKVConnectorV1`` it replaces, the vLLM lines it answers
+and the FlexKV lines it relies on (``vllm_v1_adapter.py`` = adp). The wrappers call only FlexKV
+methods and attributes that :func:`check_flexkv` has verified; a FlexKV or vLLM that differs is
+refused at construction with the reason, instead of being run half-patched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import time
+from typing import Any
+
+from ..errors import AdapterError
+from .vllm_ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
+
+logger = logging.getLogger(__name__)
+
+LEDGER = "_flexkv_adapter_ledger"
+ASLEEP = "_flexkv_adapter_asleep"
+RESET_WAIT_S = float(os.environ.get("FLEXKV_ADAPTER_RESET_WAIT_S", "30"))
+
+# name -> (parameters vLLM 0.33 declares, vLLM lines answered, FlexKV lines relied on)
+PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "get_num_new_matched_tokens": (
+        ("self", "request", "num_computed_tokens"),
+        "sched:1139; request.py:135,188 (prompt_embeds, mm_features)",
+        "adp:344-390 keys on token ids + LoRA/cache_salt only; a request whose load failed would be offered "
+        "the same hit again",
+    ),
+    "build_connector_meta": (
+        ("self", "scheduler_output"),
+        "sched:1789; base.py:92,438 (failures with finished_recving in one pass); sched:3197-3207 preempts "
+        "running requests outside schedule(), so one output can preempt and re-admit a request",
+        "adp:1159-1202 returns an empty KVConnectorMetadata; FLEXKV_SYNC_GET waits at adp:1199-1200 and "
+        "adp:756-781 drops the tasks unreported; adp:1172-1190 + adp:735-754 cancel a re-admitted request's load",
+    ),
+    "update_connector_output": (
+        ("self", "connector_output"),
+        "sched:2292-2305 reads failures before sched:3566 calls this",
+        "adp:1204-1218 overwrites finished_*; adp:692-728 query_finished_task; adp:730 failed block ids",
+    ),
+    "request_finished": (
+        ("self", "request", "block_ids"),
+        "sched:3395; sched:3017-3021 frees a waiting request only once it is reported",
+        "adp:505-558, adp:1221",
+    ),
+    "reset_cache": (
+        ("self",),
+        "sched:3242; engine/core.py:932-944 (sleep, pause); sched:3395 keeps a storing request's blocks",
+        "adp:288-313 drops get/put tasks and unlaunched stores (adp:541-556), adp:644 launch_tasks, adp:1025",
+    ),
+    "unregister_kv_caches": (("self",), "base.py:302; gpu_worker.py:319,371", "adp:964, adp:1119"),
+    "restore_kv_caches": (("self",), "base.py:307; gpu_worker.py:344", "adp:967, adp:1123"),
+    "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
+    "get_block_ids_with_load_errors": (("self",), "kv_connector_model_runner_mixin.py:100", "adp:1280 (set())"),
+}
+# FlexKV 34ab141: (owner, method) -> parameters the wrappers call with
+FLEXKV_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("impl", "build_connector_meta"): ("self", "scheduler_output"),
+    ("impl", "reset_cache"): ("self",),
+    ("impl", "before_device_sleep"): ("self",),
+    ("impl", "after_device_wake"): ("self",),
+    ("impl", "get_num_new_matched_tokens"): ("self", "request", "num_computed_tokens"),
+    ("impl", "request_finished"): ("self", "request", "block_ids"),
+    ("scheduler", "query_finished_task"): ("self",),
+    ("scheduler", "get_and_clear_failed_block_ids"): ("self",),
+    ("scheduler", "wait_for_all_get_tasks"): ("self",),
+    ("scheduler", "launch_tasks"): ("self",),
+}
+FLEXKV_STATE = ("get_tasks", "put_tasks", "req_id_to_task_dict", "tasks_to_launch")
+
+
+def _params(fn: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def vllm_mismatch(cls: Any) -> str | None:
+    """Why vLLM's ``FlexKVConnectorV1`` is not the class the wrappers were proven on, or None."""
+    for name, (params, _, _) in PATCHES.items():
+        fn = getattr(cls, name, None)
+        if fn is None or _params(fn) != params:
+            got = _params(fn) if fn is not None else "missing"
+            return f"vLLM's FlexKVConnectorV1.{name} is {got}, not {params} (vLLM 0.33)"
+    return None
+
+
+def check_flexkv(impl: Any) -> None:
+    """Refuse a FlexKV whose connector differs from 34ab141 in what the wrappers call."""
+    owners = {"impl": type(impl), "scheduler": type(getattr(impl, "connector", None))}
+    is_scheduler = getattr(getattr(impl, "role", None), "name", "") == "SCHEDULER"
+    problems = []
+    for (owner, name), params in FLEXKV_METHODS.items():
+        if owner == "scheduler" and not is_scheduler:
+            continue
+        fn = getattr(owners[owner], name, None)
+        if fn is None or _params(fn) != params:
+            problems.append(f"{owners[owner].__name__}.{name}")
+    if is_scheduler:
+        problems += [
+            f"FlexKVSchedulerConnector.{n}"
+            for n in FLEXKV_STATE
+            if not isinstance(getattr(impl.connector, n, None), dict)
+        ]
+    if problems:
+        raise AdapterError(
+            f"flexkv_adapter: FlexKV's vLLM connector differs from the one the plugin was proven on (34ab141) in "
+            f"{', '.join(problems)}; without these wrappers a failed FlexKV load is served as a cache hit, so the "
+            f"plugin refuses. Use FlexKV 34ab141 or a flexkv-adapter release that supports this FlexKV"
+        )
+
+
+def attach(conn: Any) -> None:
+    """After construction: verify FlexKV, give the scheduler side its ledger and a reporting sync wait."""
+    impl = conn._flexkv_connector
+    check_flexkv(impl)
+    if impl.role.name != "SCHEDULER":
+        return
+    ledger = Ledger()
+    setattr(conn, LEDGER, ledger)
+    sched = impl.connector
+    wait = sched.wait_for_all_get_tasks
+
+    def wait_for_all_get_tasks() -> Any:
+        # FLEXKV_SYNC_GET=1 (adp:1199): FlexKV's blocking wait drops the tasks (adp:756-781), so its poll never
+        # reports them and the requests hang. Report what the wait returned: good loads in this step's output,
+        # failed ones with this step's metadata.
+        before = snapshot(sched.get_tasks)
+        responses = wait()
+        failed = {b for r in responses if not r.success for b in before.get(r.request.request_id, (None, ()))[1]}
+        ledger.add(classify((), [r.request.request_id for r in responses], failed, before))
+        return responses
+
+    sched.wait_for_all_get_tasks = wait_for_all_get_tasks
+
+
+def excluded(request: Any) -> bool:
+    """Multimodal or prompt-embeds input: FlexKV's key (token ids) does not tell two such prompts apart."""
+    return bool(getattr(request, "mm_features", None)) or getattr(request, "prompt_embeds", None) is not None
+
+
+class _Preempted:
+    """The scheduler output as FlexKV's preemption handling should read it: without re-admitted requests."""
+
+    def __init__(self, scheduler_output: Any, preempted: set[str]) -> None:
+        self._output, self.preempted_req_ids = scheduler_output, preempted
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._output, name)
+
+
+def _poll(conn: Any, ledger: Ledger) -> None:
+    sched = conn._flexkv_connector.connector
+    before = snapshot(sched.get_tasks)
+    sending, recving = sched.query_finished_task()
+    failed = set(sched.get_and_clear_failed_block_ids())
+    ledger.add(classify(sending, recving, failed, before))
+
+
+def _drain(conn: Any, ledger: Ledger) -> bool:
+    """Finish FlexKV's transfers before its reset, which drops their bookkeeping; False on timeout.
+
+    A store prepared by request_finished but not launched yet would never be reported, and vLLM
+    would keep that request's blocks forever: it is launched first. Outcomes go to the ledger.
+    """
+    sched = conn._flexkv_connector.connector
+    sched.launch_tasks()
+    deadline = time.monotonic() + RESET_WAIT_S
+    while sched.get_tasks or sched.put_tasks:
+        _poll(conn, ledger)
+        if not (sched.get_tasks or sched.put_tasks):
+            break
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def wrappers(cls: Any) -> dict[str, Any]:
+    """The replacement methods for ``cls`` (vLLM's FlexKVConnectorV1), keyed as in :data:`PATCHES`."""
+    orig = {name: getattr(cls, name) for name in PATCHES}
+
+    def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        if excluded(request) or request.request_id in getattr(self, LEDGER).no_refetch:
+            return 0, False
+        return orig["get_num_new_matched_tokens"](self, request, num_computed_tokens)  # type: ignore[no-any-return]
+
+    def build_connector_meta(self: Any, scheduler_output: Any) -> Any:
+        pending = self._flexkv_connector.connector.tasks_to_launch.values()
+        readmitted = {t.request.request_id for t in pending if t.request.status.name == "WAITING_FOR_REMOTE_KVS"}
+        preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        view = _Preempted(scheduler_output, preempted - readmitted) if preempted & readmitted else scheduler_output
+        orig["build_connector_meta"](self, view)  # FlexKV launches (and, with SYNC_GET, waits)
+        return getattr(self, LEDGER).metadata()
+
+    def update_connector_output(self: Any, connector_output: Any) -> None:
+        ledger = getattr(self, LEDGER)
+        _poll(self, ledger)
+        ledger.merge_into(connector_output)
+
+    def request_finished(self: Any, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        if getattr(self, LEDGER).finished(request.request_id):
+            return True, None  # the workers report it (and its failed blocks); vLLM frees the blocks then
+        tasks = self._flexkv_connector.connector.req_id_to_task_dict
+        if excluded(request) and request.request_id not in tasks:
+            return False, None
+        return orig["request_finished"](self, request, block_ids)  # type: ignore[no-any-return]
+
+    def reset_cache(self: Any) -> bool | None:
+        ledger = getattr(self, LEDGER, None)
+        if ledger is None:  # worker side: FlexKV's answer (None)
+            return orig["reset_cache"](self)  # type: ignore[no-any-return]
+        try:
+            if not _drain(self, ledger):
+                logger.error(
+                    "flexkv_adapter: FlexKV transfers still in flight after %.0f s; FlexKV's cache was NOT reset",
+                    RESET_WAIT_S,
+                )
+                return False
+            result = self._flexkv_connector.reset_cache()
+        except Exception:
+            logger.exception("flexkv_adapter: FlexKV's reset failed; its cache may still hold stale KV")
+            return False
+        return result is not False
+
+    def unregister_kv_caches(self: Any) -> None:
+        if not getattr(self, ASLEEP, False) and hasattr(self._flexkv_connector.connector, "_registered_kv_caches"):
+            self._flexkv_connector.before_device_sleep()  # FlexKV unmaps vLLM's KV memory before vLLM frees it
+            setattr(self, ASLEEP, True)
+
+    def restore_kv_caches(self: Any) -> None:
+        if getattr(self, ASLEEP, False):
+            self._flexkv_connector.after_device_wake()  # re-registers through the adapter's plan (vllm._register)
+            setattr(self, ASLEEP, False)
+
+    def _meta(self: Any) -> FlexKVAdapterMetadata:
+        meta = self._connector_metadata
+        return meta if isinstance(meta, FlexKVAdapterMetadata) else FlexKVAdapterMetadata()
+
+    def get_finished(self: Any, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        sending, recving = orig["get_finished"](self, finished_req_ids)
+        extra = _meta(self).recving
+        return sending, (set(recving or ()) | extra) if (recving or extra) else None
+
+    def get_block_ids_with_load_errors(self: Any) -> set[int]:
+        return set(orig["get_block_ids_with_load_errors"](self)) | _meta(self).load_errors
+
+    return {n: f for n, f in locals().items() if n in PATCHES}
+
+
+def requires_kv_delivery(self: Any) -> bool:
+    """A best-effort cache: a dropped save is a future miss (base.py:198; sched:203, 975)."""
+    return False
+
+
+def build_kv_connector_stats(cls: Any, data: dict[str, Any] | None = None) -> Any:
+    """FlexKV's own stats type (adp:29-62), so vLLM logs what FlexKV collects (metrics.py:72-81)."""
+    try:
+        stats = importlib.import_module("flexkv.integration.vllm.vllm_v1_adapter")._FlexKVConnectorStats
+    except Exception:
+        return None
+    return None if stats is None else stats(data=dict(data or {}))
+
+
+__all__ = ["PATCHES", "Poll", "attach", "check_flexkv", "excluded", "vllm_mismatch", "wrappers"]
