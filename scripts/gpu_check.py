@@ -36,11 +36,8 @@ try:  # the wrong interpreter (system python): say which one to use instead of a
     import pydantic_settings  # noqa: F401  (flexkv_adapter's own dependency)
     import torch
 except ModuleNotFoundError as _missing:
-    sys.exit(
-        f"{Path(sys.argv[0]).name}: {_missing} in {sys.executable}. Run `bash scripts/setup.sh`, then "
-        f".venv/bin/python scripts/gpu_check.py (or `source .venv/bin/activate`), or pip install the "
-        f"project into this interpreter's environment next to a torch"
-    )
+    _fix = "Run `bash scripts/setup.sh`, then .venv/bin/python scripts/gpu_check.py (or activate .venv)"
+    sys.exit(f"gpu_check.py: {_missing} in {sys.executable}. {_fix}, or pip install the project beside a torch")
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import reduce_tensor
 
