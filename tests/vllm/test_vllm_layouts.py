@@ -19,7 +19,7 @@ LAYER_FIRST, BLOCK_FIRST = ("LBHNC", "LBNHC", "LHBNC"), ("BLHNC", "BLNHC", "BHLN
 MHA_FIX = "VLLM_KV_CACHE_LAYOUT=LBNHC"
 ONE_HEAD_FIX = "layer-outermost layout"
 
-# The table docs/vllm-reference.md states: (layout, case) -> FlexKV layout type, or the fix a refusal names.
+# The table docs/vllm.md ("Layouts") states: (layout, case) -> FlexKV layout type, or the fix a refusal names.
 EXPECTED = {
     **{(lay, "mha3"): MHA_FIX for lay in LAYOUTS},
     ("LBNHC", "mha3"): "LAYERFIRST",
