@@ -37,6 +37,22 @@ def no_flexkv(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _drop_flexkv_modules()
 
 
+@pytest.fixture(autouse=True)
+def _no_os_exit_in_pytest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os._exit`` in the pytest process would end the run with status 0 and skip every later test.
+
+    Forked children (multiprocessing) still exit for real: only the pytest process itself raises.
+    """
+    real_exit, pytest_pid = os._exit, os.getpid()
+
+    def guarded(code: int) -> None:
+        if os.getpid() == pytest_pid:
+            raise AssertionError(f"os._exit({code}) called in the pytest process; run this path in a subprocess")
+        real_exit(code)
+
+    monkeypatch.setattr(os, "_exit", guarded)
+
+
 # Property tests: 2,000 derandomized examples per strategy in CI ("ci", the default), fewer while
 # iterating (HYPOTHESIS_PROFILE=dev). A test's own @settings(max_examples=...) still wins.
 settings.register_profile(
