@@ -110,6 +110,9 @@ class AdapterSettings(BaseSettings):
     remote_wait_s: Seconds = 600.0
     remote_absent_s: Seconds = 60.0
 
+    # vLLM plugin: the longest reset_cache() waits for FlexKV transfers in flight before FlexKV's reset.
+    reset_wait_s: Seconds = 30.0
+
     @field_validator("master_host")
     @classmethod
     def _an_address_to_connect_to(cls, value: str | None) -> str | None:

@@ -11,18 +11,18 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 import time
 from typing import Any
 
 from ..errors import AdapterError
+from ..settings import load_settings
 from .vllm_ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
 
 logger = logging.getLogger(__name__)
 
 LEDGER = "_flexkv_adapter_ledger"
 ASLEEP = "_flexkv_adapter_asleep"
-RESET_WAIT_S = float(os.environ.get("FLEXKV_ADAPTER_RESET_WAIT_S", "30"))
+RESET_WAIT = "_flexkv_adapter_reset_wait_s"
 
 # name -> (parameters vLLM 0.33 declares, vLLM lines answered, FlexKV lines relied on)
 PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
@@ -122,6 +122,7 @@ def attach(conn: Any) -> None:
         return
     ledger = Ledger()
     setattr(conn, LEDGER, ledger)
+    setattr(conn, RESET_WAIT, load_settings().reset_wait_s)  # a bad setting refuses construction
     sched = impl.connector
     wait = sched.wait_for_all_get_tasks
 
@@ -169,7 +170,7 @@ def _drain(conn: Any, ledger: Ledger) -> bool:
     """
     sched = conn._flexkv_connector.connector
     sched.launch_tasks()
-    deadline = time.monotonic() + RESET_WAIT_S
+    deadline = time.monotonic() + getattr(conn, RESET_WAIT)
     while sched.get_tasks or sched.put_tasks:
         _poll(conn, ledger)
         if not (sched.get_tasks or sched.put_tasks):
@@ -218,7 +219,7 @@ def wrappers(cls: Any) -> dict[str, Any]:
             if not _drain(self, ledger):
                 logger.error(
                     "flexkv_adapter: FlexKV transfers still in flight after %.0f s; FlexKV's cache was NOT reset",
-                    RESET_WAIT_S,
+                    getattr(self, RESET_WAIT),
                 )
                 return False
             result = self._flexkv_connector.reset_cache()

@@ -70,7 +70,7 @@ def test_a_failed_reset_or_a_wait_that_times_out_is_reported(plugged, tmp_path, 
     control["fail_reset"] = True
     assert engine.scheduler.reset_prefix_cache(reset_connector=True) is False
     control["fail_reset"], control["polls"] = False, 10**6
-    monkeypatch.setattr(vllm_lifecycle, "RESET_WAIT_S", 0.02)
+    monkeypatch.setattr(engine.scheduler.connector, vllm_lifecycle.RESET_WAIT, 0.02)  # reset_wait_s
     b = engine.add("B", B)
     engine.run(lambda: engine.flexkv.get_tasks)
     assert engine.scheduler.reset_connector_cache() is False and control["resets"] == 0
