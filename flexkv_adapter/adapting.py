@@ -33,7 +33,7 @@ from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
 from .plugins import plugin_spec
 from .probe import probe
-from .recognize import candidates, declared_axes, locate, mismatch, reading_text
+from .recognize import candidates, declared_axes, locate, mismatch, reading_text, vllm_twin_of
 from .report import Report
 from .spec import load_spec, merge_spec_options
 from .views import MHAView, MLAView, PoolView
@@ -87,12 +87,12 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
             f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
         )
     if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
-        if unused := sorted(set(given) - {"kind"}):
+        if unused := sorted(set(given) - {"kind", "layer_ids"}):
             raise AdapterError(
-                f"{unused} do not apply to a vLLM 0.33 dict, whose geometry comes from the views' strides; "
-                f"drop them (only page_size= and kind= apply), or pass axes= to read the tensors another way"
+                f"{unused} do not apply to a vLLM 0.33 dict, whose geometry comes from the views' strides; drop "
+                f"them (only page_size=, kind= and layer_ids= apply), or pass axes= to read the tensors another way"
             )
-        return adapt_vllm(pool, page_size, given.get("kind"))  # type: ignore[arg-type]
+        return adapt_vllm(pool, page_size, given.get("kind"), given.get("layer_ids"))  # type: ignore[arg-type]
     # Explicit attrs (an option or a spec's) name the tensors: read them as named, never unwrapped.
     structure = None if given.get("attrs") else hybrid.detect(pool)
     if structure is not None:
@@ -164,6 +164,10 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
     if not fits:
         reasons = [*declined, *(f"{loc.family} ({'/'.join(loc.attrs)}) as {i}: {why}" for loc, i, why in misfits)]
         raise _unsupported(pool, reasons)
+    if geometry.axes is None:
+        for loc, interp in fits:
+            if twin := vllm_twin_of(loc, interp):
+                raise AmbiguousLayoutError(f"{type(pool).__name__}.{twin}")
     return _choose(pool, fits)
 
 

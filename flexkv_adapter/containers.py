@@ -120,6 +120,27 @@ def make_container(attr: str, value: object) -> Container | str:
     return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
 
 
+def _addresses(c: Container) -> tuple[tuple[int, int], ...]:
+    return tuple((t.untyped_storage().data_ptr(), t.data_ptr()) for t in c.tensors)
+
+
+def copy_problem(first: Container, again: object) -> str | None:
+    """Why a second read of an attribute shows it is not the pool's memory (a getter that copies), or None.
+
+    A property returning ``.clone()``, or ``.contiguous()`` of a non-contiguous tensor, gives new memory on
+    every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool.
+    """
+    second = make_container(first.attr, again)
+    if isinstance(second, Container) and _addresses(second) == _addresses(first):
+        return None
+    return (
+        f"{first.attr} gives new memory on every read (two reads returned tensors at different addresses): "
+        f"a property that copies (.clone(), .contiguous() of a non-contiguous tensor). A view of it would "
+        f"alias a temporary and nothing written through it would reach the pool. Fix: expose the pool's own "
+        f"tensors (the storage, not a copy), or name them with attrs=[...]"
+    )
+
+
 def pairing_problem(k: Container, v: Container) -> str | None:
     """Why separate K and V containers cannot be paired layer by layer, or None.
 

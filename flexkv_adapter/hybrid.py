@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -27,6 +26,7 @@ import torch
 
 from .errors import InconsistentLayersError, UnsupportedPoolError
 from .probe import probe
+from .text import short_repr
 from .views import PoolView
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _is_id(x: object) -> bool:
 
 def _bad_metadata(owner: object, attr: str, value: object, expected: str) -> InconsistentLayersError:
     return InconsistentLayersError(
-        f"{type(owner).__name__}.{attr} = {reprlib.repr(value)}: expected {expected}; the hybrid wrapper's "
+        f"{type(owner).__name__}.{attr} = {short_repr(value)}: expected {expected}; the hybrid wrapper's "
         f"layer metadata is malformed, so which layers hold what cannot be trusted"
     )
 

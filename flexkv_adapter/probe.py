@@ -9,11 +9,13 @@ traceback from deep inside recognition.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .errors import AdapterError
+from .integers import looks_numeric, read_integer
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -40,10 +42,23 @@ def probe_path(obj: object, path: str) -> Any:
     return obj
 
 
+def attr_owners(pool: object, attrs: Sequence[str] | None) -> list[tuple[str, object]]:
+    """(path, object) of each object holding a named attribute (``pool.inner`` for ``inner.k_buffer``).
+
+    Its metadata describes those tensors, as a top-level pool's describes its own; no attrs: the pool.
+    """
+    paths = sorted({a.rpartition(".")[0] for a in attrs or ()}) or [""]
+    return [(p, probe_path(pool, p) if p else pool) for p in paths]
+
+
 def probe_int(obj: object, name: str) -> int | None:
-    """An integer attribute (booleans are not integers here), else None."""
+    """An integer attribute, read by :func:`~flexkv_adapter.integers.read_integer` (numpy and 0-d tensor
+    integers too); None if absent or not a number at all. A number that is not an integer (a bool, a float,
+    a meta tensor) is malformed metadata: an AdapterError, never silently ignored."""
     value = probe(obj, name)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if value is None or not looks_numeric(value):
+        return None
+    return read_integer(value, f"{type(obj).__name__}.{name}")
 
 
 def storage_problem(t: torch.Tensor) -> str | None:

@@ -18,10 +18,22 @@ from dataclasses import dataclass
 import torch
 
 from .axes import Axis, format_axes, parse_axes
-from .containers import BOTH, MHA, MLA, SELF, Container, Located, locate_sequence, make_container, pairing_problem
-from .errors import AdapterError
+from .containers import (
+    BOTH,
+    MHA,
+    MLA,
+    SELF,
+    Container,
+    Located,
+    copy_problem,
+    locate_sequence,
+    make_container,
+    pairing_problem,
+)
+from .errors import AdapterError, NotAddressableError
 from .layout import Geometry, Interpretation, Plane, ViewKind
 from .probe import probe_path
+from .vllm_layout import vllm_twin
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,9 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
         if problems:
             declined.append(f"{rule.family}: {'; '.join(problems)}")
             continue
+        for name, container in zip(rule.names, made):  # identity: read twice, the same memory both times
+            if isinstance(container, Container) and (why := copy_problem(container, probe_path(pool, name))):
+                raise NotAddressableError(f"{type(pool).__name__}.{why}")
         found.append(Located(rule.family, tuple(m for m in made if isinstance(m, Container)), rule.kinds))
     if absent:
         declined.append(f"none of these attributes is present (or they are None): {', '.join(absent)}")
@@ -147,6 +162,10 @@ _READINGS: dict[tuple[bool, bool], tuple[Interpretation, ...]] = {
 }
 
 
+_KV_NHD = parse_axes("KV N H D")
+_PAIR_OF_ONE_LAYER = Interpretation("mha", parse_axes("N H D"), per_layer=True)
+
+
 def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
     """(family, attribute names, reading) for every built-in rule and pool shape."""
     out: list[tuple[str, tuple[str, ...], Interpretation]] = []
@@ -160,6 +179,7 @@ def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
     for family, outer, sequence in (*nested, ("kv-pair-tensors", (Axis.KV,), False)):
         # written with the container axes, so each reads only its own family (see tensor_axes)
         out += [(family, (), Interpretation(i.kind, (*outer, *i.axes), False)) for i in _READINGS[(True, sequence)]]
+    out.append(("kv-pair-tensors", (), Interpretation("mha", (Axis.KV, *_PAIR_OF_ONE_LAYER.axes), True)))
     return out
 
 
@@ -171,7 +191,22 @@ def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:
         kind: ViewKind = geometry.kind or ("mha" if located.split or Axis.KV in axes else "mla")
         return [Interpretation(kind, axes, Axis.LAYER not in axes)]
     table = _READINGS[(located.split, sequence)]
+    if located.outer == (Axis.KV,):  # [k, v] of one layer: single-head K/V also read as two MLA layers
+        table = (*table, _PAIR_OF_ONE_LAYER)
     return [i for i in table if i.kind in located.kinds and geometry.kind in (None, i.kind)]
+
+
+
+
+def vllm_twin_of(located: Located, interp: Interpretation) -> str | None:
+    """The vLLM 0.33 reading that fits as well as ``interp`` (a dict or list of views of one buffer,
+    wherever it is nested): the same rule :func:`~flexkv_adapter.vllm_layout.is_vllm_dict` applies to
+    a dict passed directly."""
+    container = located.containers[0]
+    if located.split or not container.is_sequence or interp.axes != _KV_NHD:
+        return None
+    twin = vllm_twin(container.tensors)
+    return f"{container.attr}: {len(container.tensors)} {twin}" if twin else None
 
 
 def tensor_axes(located: Located, axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
@@ -223,7 +258,7 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         return f"{located.family} attributes do not hold {interp.kind.upper()} buffers"
     if interp.per_layer == (Axis.LAYER in axes):
         return "a per-layer reading cannot have an L axis"
-    if located.outer == (Axis.KV,) and interp.per_layer:
+    if located.outer == (Axis.KV,) and interp.per_layer and interp != _PAIR_OF_ONE_LAYER:
         return "a [K, V] pair of tensors is read whole: its axes need L (a list of per-layer tensors has none)"
     if located.split and len(located.containers[0].tensors) != len(located.containers[1].tensors):
         k, v = located.containers
