@@ -276,7 +276,7 @@ def resolve_mode(mode: str | None) -> HybridMode:
 
         return load_settings().hybrid
     if mode not in ("error", "attention_only"):
-        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {mode!r}")
+        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {short_repr(mode)}")
     return mode  # type: ignore[return-value]
 
 

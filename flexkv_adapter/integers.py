@@ -38,13 +38,13 @@ def looks_numeric(value: object) -> bool:
     )
 
 
-def _index(value: object, what: str) -> int | None:
+def _index(value: object, what: str, error: type[AdapterError] = AdapterError) -> int | None:
     """The integer, None if ``value`` is not one (bools included); AdapterError if reading it fails."""
     if _is_bool(value):
         return None
     if isinstance(value, torch.Tensor):
         if value.is_meta:
-            raise AdapterError(f"{what} is a meta tensor ({short_repr(value)}): it has a shape but no value")
+            raise error(f"{what} is a meta tensor ({short_repr(value)}): it has a shape but no value")
         if value.ndim != 0 or value.dtype.is_floating_point or value.dtype.is_complex:
             return None
     try:
@@ -52,24 +52,27 @@ def _index(value: object, what: str) -> int | None:
     except TypeError:
         return None
     except Exception as exc:  # a raising __index__, a tensor without memory, ...
-        raise AdapterError(
+        raise error(
             f"{what}: reading {short_repr(value)} as an integer raised {type(exc).__name__}: {str(exc)[:120]}"
         ) from None
 
 
-def read_integer(value: object, what: str) -> int:
-    """``value`` as an int with ``operator.index`` semantics; anything else is an AdapterError naming ``what``."""
-    number = _index(value, what)
+def read_integer(value: object, what: str, error: type[AdapterError] = AdapterError) -> int:
+    """``value`` as an int with ``operator.index`` semantics; anything else is ``error`` naming ``what``
+    (pool metadata: :class:`~flexkv_adapter.errors.InconsistentLayersError`)."""
+    number = _index(value, what, error)
     if number is None:
         kind = "an integer, not a bool" if _is_bool(value) else "an integer"
-        raise AdapterError(f"{what} must be {kind}, got {short_repr(value)}")
+        raise error(f"{what} must be {kind}, got {short_repr(value)}")
     return number
 
 
-def bounded_integer(value: object, what: str, minimum: int, maximum: int) -> int:
+def bounded_integer(
+    value: object, what: str, minimum: int, maximum: int, error: type[AdapterError] = AdapterError
+) -> int:
     """:func:`read_integer`, in ``minimum <= n < maximum``."""
-    number = _index(value, what)
+    number = _index(value, what, error)
     if number is None or not minimum <= number < maximum:
         wanted = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
-        raise AdapterError(f"{what} must be {wanted}, got {short_repr(value)}")
+        raise error(f"{what} must be {wanted}, got {short_repr(value)}")
     return number

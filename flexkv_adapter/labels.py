@@ -102,7 +102,7 @@ def _model_layer_ids(pool: object, count: int) -> list[int] | None:
         if looks_numeric(model_ids) or isinstance(model_ids, (str, bytes)):
             raise InconsistentLayersError(f"{where}={short_repr(model_ids)}: expected a list of layer ids")
         return None
-    ids = [read_integer(i, f"{where}[{n}]") for n, i in enumerate(model_ids)]
+    ids = [read_integer(i, f"{where}[{n}]", InconsistentLayersError) for n, i in enumerate(model_ids)]
     if any(i < 0 for i in ids) or len(ids) != count or len(set(ids)) != count:
         raise InconsistentLayersError(
             f"{where}={short_repr(model_ids, 200)}: expected {count} distinct layer ids (integers), one per layer"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .errors import AdapterError
+from .errors import AdapterError, InconsistentLayersError
 from .integers import looks_numeric, read_integer
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -58,14 +58,14 @@ def probe_int(obj: object, name: str) -> int | None:
     value = probe(obj, name)
     if value is None or not looks_numeric(value):
         return None
-    return read_integer(value, f"{type(obj).__name__}.{name}")
+    return read_integer(value, f"{type(obj).__name__}.{name}", InconsistentLayersError)
 
 
 def storage_problem(t: torch.Tensor) -> str | None:
     """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse, empty), or None if it has."""
     plain = type(t) in _PLAIN
     if plain and t.layout is torch.strided and not t.is_meta and not t.is_nested and t.numel():
-        return None  # the common case: a dense tensor with memory behind it
+        return _extent_problem(t)  # the common case: a dense tensor with memory behind it
     if t.is_nested:  # strided nested tensors have no sizes: .shape raises
         return "is a nested tensor; FlexKV copies dense tensors of one shape"
     if t.layout is not torch.strided:
@@ -82,4 +82,20 @@ def storage_problem(t: torch.Tensor) -> str | None:
         return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
     if address == 0:
         return f"has no memory behind it (a {type(t).__name__} without storage, e.g. a FakeTensor)"
+    return _extent_problem(t)
+
+
+def _extent_problem(t: torch.Tensor) -> str | None:
+    """Why the view reaches past its storage (resized or freed after the view was made), or None."""
+    try:
+        nbytes = t.untyped_storage().nbytes()
+        last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
+    except Exception as exc:
+        return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
+    need = (last + 1) * t.element_size()
+    if need > nbytes:
+        return (
+            f"reaches byte {need} but its storage holds {nbytes} bytes: the storage was resized or freed after "
+            f"the view was made"
+        )
     return None

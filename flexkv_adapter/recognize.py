@@ -33,6 +33,7 @@ from .containers import (
 from .errors import AdapterError, NotAddressableError
 from .layout import Geometry, Interpretation, Plane, ViewKind
 from .probe import probe_path
+from .text import short_repr
 from .vllm_layout import vllm_twin
 
 
@@ -67,11 +68,11 @@ def register_attribute_names(*names: str, kind: ViewKind | None = None, family: 
     match a pool with different meanings, :func:`adapt` raises an ambiguity error.
     """
     if len(names) not in (1, 2) or not all(isinstance(n, str) and n.isidentifier() for n in names):
-        raise AdapterError(f"register_attribute_names takes one or two attribute names, got {names!r}")
+        raise AdapterError(f"register_attribute_names takes one or two attribute names, got {short_repr(names)}")
     if kind not in (None, "mha", "mla"):
-        raise AdapterError(f"kind must be 'mha', 'mla' or None, got {kind!r}")
+        raise AdapterError(f"kind must be 'mha', 'mla' or None, got {short_repr(kind)}")
     if not isinstance(family, str):
-        raise AdapterError(f"family must be a string, got {family!r}")
+        raise AdapterError(f"family must be a string, got {short_repr(family)}")
     if len(names) == 2 and kind == "mla":
         raise AdapterError("two names mean separate K and V buffers, which is MHA; MLA takes one name")
     kinds = frozenset({kind}) if kind else (BOTH if len(names) == 1 else MHA)
@@ -188,6 +189,8 @@ def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:
     sequence = located.containers[0].is_sequence
     if geometry.axes is not None:
         axes = tensor_axes(located, geometry.axes)
+        if located.outer == (Axis.KV,) and axes == geometry.axes and Axis.LAYER not in axes:
+            return []  # a [k, v] pair is read per layer only where the axes name its KV level: "KV N H D"
         kind: ViewKind = geometry.kind or ("mha" if located.split or Axis.KV in axes else "mla")
         return [Interpretation(kind, axes, Axis.LAYER not in axes)]
     table = _READINGS[(located.split, sequence)]
@@ -293,6 +296,12 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         for what, got, expected, origin in want:
             if expected is not None and got != expected:
                 return f"{container.attr}: {what} would be {got}, expected {expected} ({origin})"
+        rows = extent.get(Axis.ROWS) or extent[Axis.PAGE] * extent[Axis.TOKEN]
+        if geometry.page_size is not None and rows < geometry.page_size:
+            return (
+                f"{container.attr}: {rows} rows per layer, fewer than page_size={geometry.page_size} "
+                f"({geometry.origin('page_size')}); FlexKV needs at least one whole block"
+            )
         counts.append((container.attr, layers))
     if len({n for _, n in counts}) > 1:
         return f"the planes disagree on the number of layers: {', '.join(f'{a} has {n}' for a, n in counts)}"

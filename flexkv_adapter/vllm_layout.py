@@ -35,6 +35,7 @@ from .errors import (
     UnsupportedPoolError,
     describe,
 )
+from .integers import bounded_integer
 from .layout import ViewKind
 from .probe import storage_problem
 from .text import short_repr
@@ -189,7 +190,7 @@ class VLLMForm:
 def resolve_kind(kind: ViewKind | None, heads: int, tp_size: int | None, where: str) -> ViewKind:
     """MHA or MLA; one head per rank reads like MLA, which matters unless tp_size is known to be 1."""
     if kind not in (None, "mha", "mla"):
-        raise AdapterError(f"{where}: kind must be 'mha' or 'mla', got {kind!r}")
+        raise AdapterError(f"{where}: kind must be 'mha' or 'mla', got {short_repr(kind)}")
     if kind == "mla" and heads != 1:
         raise InconsistentLayersError(f"{where}: kind='mla' but the views have {heads} heads (MLA has one)")
     if kind is not None:
@@ -221,8 +222,8 @@ def vllm_form(
     """
     g = read_geometry(kv_caches)
     where = f"vLLM KV cache ({g.layouts[0] if len(g.layouts) == 1 else '/'.join(g.layouts)})"
-    if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1):
-        raise AdapterError(f"{where}: page_size (vLLM's block_size) must be a positive integer, got {block_size!r}")
+    if block_size is not None:
+        block_size = bounded_integer(block_size, f"{where}: page_size (vLLM's block_size)", 1, 1 << 40)
     if g.indexer:
         raise NotAddressableError(
             f"{where}: the dict holds DeepSeek-V3.2 indexer caches ({', '.join(g.indexer[:2])}), which this "

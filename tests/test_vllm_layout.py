@@ -117,7 +117,7 @@ def test_adapt_gives_an_aliasing_mla_view_for_layer_outermost_mla_and_refuses_th
 
 
 @pytest.mark.parametrize(
-    "option", [{"layer_ids": [7, 8, 9]}, {"dtype": torch.int16}, {"layer_num": 3}, {"head_dim": 8}]
+    "option", [{"start_layer": 7}, {"dtype": torch.int16}, {"layer_num": 3}, {"head_dim": 8}]
 )
 def test_adapt_refuses_options_a_vllm_dict_would_not_apply(option):
     # Its geometry comes from strides: an option that is silently not applied would mislabel the view.
