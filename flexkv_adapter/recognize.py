@@ -199,8 +199,6 @@ def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:
     return [i for i in table if i.kind in located.kinds and geometry.kind in (None, i.kind)]
 
 
-
-
 def vllm_twin_of(located: Located, interp: Interpretation) -> str | None:
     """The vLLM 0.33 reading that fits as well as ``interp`` (a dict or list of views of one buffer,
     wherever it is nested): the same rule :func:`~flexkv_adapter.vllm_layout.is_vllm_dict` applies to

@@ -127,7 +127,7 @@ def test_plan_vllm_of_a_non_mapping_is_an_adapter_error():
 
 def test_messages_with_huge_values_are_bounded():
     with pytest.raises(AdapterError) as err:
-        adapt(_pool(), layer_ids=list(range(100_000)) + [-1])
+        adapt(_pool(), layer_ids=[*range(100_000), -1])
     assert len(str(err.value)) < 1000
     pool = _pool()
     pool.model_layer_ids = list(range(100_000))  # type: ignore[attr-defined]
