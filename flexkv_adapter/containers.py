@@ -120,18 +120,30 @@ def make_container(attr: str, value: object) -> Container | str:
     return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
 
 
-def _addresses(c: Container) -> tuple[tuple[int, int], ...]:
-    return tuple((t.untyped_storage().data_ptr(), t.data_ptr()) for t in c.tensors)
+def _tensors_of(value: object, order: tuple[int, ...] | None) -> list[object]:
+    if isinstance(value, Mapping):
+        items = list(value.values())
+        return [items[i] for i in order] if order is not None else items
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def copy_problem(first: Container, again: object) -> str | None:
+def copy_problem(first: Container, value: object, again: object) -> str | None:
     """Why a second read of an attribute shows it is not the pool's memory (a getter that copies), or None.
 
     A property returning ``.clone()``, or ``.contiguous()`` of a non-contiguous tensor, gives new memory on
     every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool.
     """
-    second = make_container(first.attr, again)
-    if isinstance(second, Container) and _addresses(second) == _addresses(first):
+    if again is value:
+        return None  # a plain attribute: the same object
+    try:
+        second = _tensors_of(again, first.dict_order)
+        same = len(second) == len(first.tensors) and all(
+            isinstance(b, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            for a, b in zip(first.tensors, second)
+        )
+    except Exception:  # a second read that is not even a container of tensors
+        same = False
+    if same:
         return None
     return (
         f"{first.attr} gives new memory on every read (two reads returned tensors at different addresses): "

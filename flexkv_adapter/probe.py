@@ -64,8 +64,10 @@ def probe_int(obj: object, name: str) -> int | None:
 def storage_problem(t: torch.Tensor) -> str | None:
     """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse, empty), or None if it has."""
     plain = type(t) in _PLAIN
-    if plain and t.layout is torch.strided and not t.is_meta and not t.is_nested and t.numel():
-        return _extent_problem(t)  # the common case: a dense tensor with memory behind it
+    if plain and not t.is_meta and not t.is_nested and t.layout is torch.strided:
+        n = t.numel()  # the common case: a dense, contiguous tensor inside the memory behind it
+        if n and t.is_contiguous() and (t.storage_offset() + n) * t.element_size() <= t.untyped_storage().nbytes():
+            return None
     if t.is_nested:  # strided nested tensors have no sizes: .shape raises
         return "is a nested tensor; FlexKV copies dense tensors of one shape"
     if t.layout is not torch.strided:
@@ -80,7 +82,7 @@ def storage_problem(t: torch.Tensor) -> str | None:
             address = t.untyped_storage().data_ptr()
     except Exception as exc:
         return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
-    if address == 0:
+    if address == 0 and t.untyped_storage().nbytes():
         return f"has no memory behind it (a {type(t).__name__} without storage, e.g. a FakeTensor)"
     return _extent_problem(t)
 
@@ -88,11 +90,13 @@ def storage_problem(t: torch.Tensor) -> str | None:
 def _extent_problem(t: torch.Tensor) -> str | None:
     """Why the view reaches past its storage (resized or freed after the view was made), or None."""
     try:
-        nbytes = t.untyped_storage().nbytes()
-        last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
+        nbytes, item, offset = t.untyped_storage().nbytes(), t.element_size(), t.storage_offset()
+        if t.is_contiguous():
+            need = (offset + t.numel()) * item  # the common case, without walking shape and strides
+        else:
+            need = (offset + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)) * item
     except Exception as exc:
         return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
-    need = (last + 1) * t.element_size()
     if need > nbytes:
         return (
             f"reaches byte {need} but its storage holds {nbytes} bytes: the storage was resized or freed after "

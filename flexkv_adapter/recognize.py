@@ -118,8 +118,8 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
         if problems:
             declined.append(f"{rule.family}: {'; '.join(problems)}")
             continue
-        for name, container in zip(rule.names, made):  # identity: read twice, the same memory both times
-            if isinstance(container, Container) and (why := copy_problem(container, probe_path(pool, name))):
+        for name, value, container in zip(rule.names, values, made):  # identity: read twice, the same memory
+            if isinstance(container, Container) and (why := copy_problem(container, value, probe_path(pool, name))):
                 raise NotAddressableError(f"{type(pool).__name__}.{why}")
         found.append(Located(rule.family, tuple(m for m in made if isinstance(m, Container)), rule.kinds))
     if absent:
