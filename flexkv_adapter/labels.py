@@ -13,7 +13,7 @@ from .containers import Container, Located, layer_index_from_name
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError
 from .integers import looks_numeric, read_integer
 from .layout import Geometry
-from .probe import probe, probe_int, probe_path
+from .probe import attr_owners, probe, probe_int
 from .text import short_repr
 from .views import PoolView
 
@@ -43,7 +43,7 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
                 f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
                 f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
             )
-    model_ids = _model_layer_ids(attrs_owner(pool, geometry.attrs), count)
+    model_ids = owners_model_ids(pool, geometry.attrs, count)
     if given is not None:
         _agree(name, f"layer_ids={list(given)}", list(given), model_ids)
         return list(given)
@@ -85,11 +85,14 @@ def names_layer_ids(names: Sequence[str], given: Sequence[int] | None, where: st
     return parsed  # type: ignore[return-value]
 
 
-def attrs_owner(pool: object, attrs: tuple[str, ...] | None) -> object:
-    """The object holding the named attributes: ``pool.full_kv_pool`` for ``attrs=["full_kv_pool.k_buffer", ...]``."""
-    owners = {a.rpartition(".")[0] for a in attrs or ()}
-    owner = owners.pop() if len(owners) == 1 else ""
-    return probe_path(pool, owner) if owner else pool
+def owners_model_ids(pool: object, attrs: tuple[str, ...] | None, count: int) -> list[int] | None:
+    """``model_layer_ids`` of the object(s) holding the named tensors (:func:`~.probe.attr_owners`, the one
+    owner rule metadata is read by too); two owners that disagree are an error."""
+    found = [(p, ids) for p, owner in attr_owners(pool, attrs) if (ids := _model_layer_ids(owner, count)) is not None]
+    if len({tuple(ids) for _, ids in found}) > 1:
+        shown = "; ".join(f"{p or 'pool'}.model_layer_ids={short_repr(ids)}" for p, ids in found)
+        raise InconsistentLayersError(f"{type(pool).__name__}: the attrs= owners disagree: {shown}")
+    return found[0][1] if found else None
 
 
 def _model_layer_ids(pool: object, count: int) -> list[int] | None:
