@@ -35,12 +35,14 @@ def _mamba(layers: list[int]) -> object:
     )
 
 
-def _hybrid_linear(use_mla: bool) -> object:
-    extra = {"use_mla": True, **MLA_ARGS} if use_mla else {}
+def _hybrid_linear(use_mla: bool, dsa: bool = False) -> object:
+    extra: dict[str, object] = {"use_mla": True, **MLA_ARGS} if use_mla else {}
+    if dsa:  # DSA children: MLA latent rows plus a paged indexer cache (passed through, as for a plain DSA pool)
+        extra.update(use_dsa=True, index_head_dim=128, kv_cache_dim=32)
     return mp().HybridLinearKVPool(
         size=64,
         dtype=torch.bfloat16,
-        page_size=16,
+        page_size=64 if dsa else 16,
         head_num=4,
         head_dim=8,
         full_attention_layer_ids=[1, 3],
@@ -95,9 +97,12 @@ def _minimax() -> object:
 CASES = [
     ("hybrid-linear-mha", lambda: _hybrid_linear(False), MHAView, [1, 3]),
     ("hybrid-linear-mla", lambda: _hybrid_linear(True), MLAView, [1, 3]),
+    ("hybrid-linear-dsa", lambda: _hybrid_linear(True, dsa=True), MLAView, [1, 3]),
     ("swa-mha", lambda: _swa(False), MHAView, [1, 4]),
     ("swa-mla", lambda: _swa(True), MLAView, [1, 4]),
     ("minimax-mha", _minimax, MHAView, [0, 1, 2]),  # MiniMax's main pool is MHA only (main_pool_cls)
+    # QSATokenToKVPool (a HybridLinearKVPool) is left out: its compressed-key index state is not yet
+    # listed as a side group (reported in notes/issue-17.md), so a test would pin an incomplete report.
 ]
 
 
