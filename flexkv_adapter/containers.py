@@ -127,6 +127,11 @@ def _tensors_of(value: object, order: tuple[int, ...] | None) -> list[object]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def addresses(value: object) -> tuple[object, ...]:
+    """The data pointers of the tensors a value holds (a tensor, a list/tuple or a dict of them)."""
+    return tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in _tensors_of(value, None))
+
+
 def copy_problem(first: Container, value: object, again: object) -> str | None:
     """Why a second read of an attribute shows it is not the pool's memory (a getter that copies), or None.
 

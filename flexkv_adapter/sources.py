@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import hybrid
-from .errors import AdapterError, UnsupportedPoolError
+from .containers import addresses
+from .errors import AdapterError, NotAddressableError, UnsupportedPoolError
 from .plugins import plugin_spec
 from .probe import probe
 from .spec import load_spec, merge_spec_options
@@ -63,6 +64,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
         return Source(pool, pool, given, page_size, label, mode, vllm=True)
     structure = None if given.get("attrs") else hybrid.detect(pool)
     if structure is not None:
+        _check_same_sub_pool(pool, structure)
         hybrid.check_kind(pool, structure, given.get("kind"))
         return Source(pool, structure.primary, given, page_size, label, mode, structure)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:
@@ -71,6 +73,20 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
             given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
     return Source(pool, pool, given, page_size, label, mode)
+
+
+def _check_same_sub_pool(pool: object, structure: hybrid.HybridStructure) -> None:
+    """Identity for a wrapper's attention sub-pool: a second read must hold the same KV memory."""
+    again = probe(pool, structure.primary_attr)
+    if again is structure.primary:
+        return
+    for name in ("kv_buffer", "k_buffer", "v_buffer"):
+        if addresses(probe(structure.primary, name)) != addresses(probe(again, name)):
+            raise NotAddressableError(
+                f"{type(pool).__name__}.{structure.primary_attr} gives a sub-pool whose {name} is new memory on "
+                f"every read (a property that copies); a view of it would alias a temporary. Fix: expose the "
+                f"wrapper's own sub-pool, or name its tensors with attrs=[...]"
+            )
 
 
 def _is_hisparse(pool: object) -> bool:

@@ -191,3 +191,22 @@ def test_bools_of_every_kind_are_not_integers(flag):
     pool.page_size = flag  # type: ignore[assignment]
     with pytest.raises(AdapterError, match="page_size"):
         adapt(pool)
+
+
+def test_a_hybrid_wrapper_whose_sub_pool_property_copies_is_refused():
+    def sub() -> SimpleNamespace:
+        return SimpleNamespace(k_buffer=[distinct((32, 2, 4))], v_buffer=[distinct((32, 2, 4), start=99)], page_size=16)
+
+    class Wrapper:
+        full_attention_layer_id_mapping = {3: 0}  # noqa: RUF012
+        mamba_pool = None
+        kept = sub()
+
+        @property
+        def full_kv_pool(self) -> SimpleNamespace:
+            return sub()  # a fresh copy on every read
+
+    with pytest.raises(NotAddressableError, match="new memory"):
+        adapt(Wrapper(), hybrid="attention_only")
+    Wrapper.full_kv_pool = Wrapper.kept  # type: ignore[assignment,method-assign]  # the negative control
+    assert adapt(Wrapper(), hybrid="attention_only").layer_ids == [3]
