@@ -43,6 +43,8 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
                 f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
                 f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
             )
+        if container.layer_ids is None and container.names is not None:  # partly named: those names must agree
+            names_layer_ids(container.names, given, name)
     model_ids = owners_model_ids(pool, geometry.attrs, count)
     if given is not None:
         _agree(name, f"layer_ids={list(given)}", list(given), model_ids)

@@ -210,3 +210,13 @@ def test_a_hybrid_wrapper_whose_sub_pool_property_copies_is_refused():
         adapt(Wrapper(), hybrid="attention_only")
     Wrapper.full_kv_pool = Wrapper.kept  # type: ignore[assignment,method-assign]  # the negative control
     assert adapt(Wrapper(), hybrid="attention_only").layer_ids == [3]
+
+
+def test_a_partly_named_dict_checks_the_named_entries_against_layer_ids():
+    ts = [distinct((2, 32, 2, 4), start=1000 * i) for i in range(2)]
+    pool = {"model.layers.5.attn": ts[0], "mtp.attn": ts[1]}  # one buffer each: not a vLLM 0.33 dict
+    with pytest.raises(AmbiguousLayoutError, match="layer_ids="):
+        adapt(pool, page_size=16)
+    with pytest.raises(InconsistentLayersError, match="holds layer 5"):
+        adapt(pool, page_size=16, layer_ids=[6, 7])
+    assert adapt(pool, page_size=16, layer_ids=[5, 6]).layer_ids == [5, 6]
