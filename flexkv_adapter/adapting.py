@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import replace
 from typing import Any
@@ -31,13 +30,11 @@ from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, de
 from .labels import layer_ids_of, mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
-from .plugins import plugin_spec
 from .probe import probe
-from .recognize import candidates, declared_axes, locate, mismatch, reading_text
+from .recognize import candidates, declared_axes, locate, mismatch, reading_text, vllm_twin_of
 from .report import Report
-from .spec import load_spec, merge_spec_options
+from .sources import Source, locate_source
 from .views import MHAView, MLAView, PoolView
-from .vllm_layout import is_vllm_dict
 from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
@@ -58,6 +55,12 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     user-registered and built-in attribute names. Explicit ``attrs=`` (dotted paths allowed) are
     read as named: a hybrid wrapper is then not unwrapped. Options are validated once, on entry.
 
+    The steps, the same for every input: validate options (one integer reader); make the input one
+    :class:`~flexkv_adapter.sources.Source` record; read metadata from the tensors' owners; locate
+    the tensors (each attribute read twice: copies are refused); list the readings that fit (two
+    readings, nested or not, are an ambiguity); carve, check extents and FlexKV's alignment; label
+    the layers; apply the hybrid policy. :func:`~flexkv_adapter.flexkv.plan` runs the same steps.
+
     Raises:
         UnsupportedPoolError: nothing in the pool reads as KV buffers (lists every reason).
         HybridPoolError: a hybrid pool without ``hybrid="attention_only"`` (names what is left out).
@@ -74,71 +77,33 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
                 f"{pool!r} is already adapted; to change options adapt its source: adapt(view.source, ...)"
             )
         return pool
-    mode, spec_source = given.pop("hybrid", None), given.pop("spec", None)
-    label = None
-    if spec_source is not None:
-        spec = load_spec(spec_source)
-        given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
-        page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
-    if _is_hisparse(pool):
-        raise UnsupportedPoolError(
-            f"{type(pool).__name__} is a HiSparse pool: its device buffers hold only the hot subset of tokens, "
-            f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
-            f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
-        )
-    if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
-        if unused := sorted(set(given) - {"kind"}):
-            raise AdapterError(
-                f"{unused} do not apply to a vLLM 0.33 dict, whose geometry comes from the views' strides; "
-                f"drop them (only page_size= and kind= apply), or pass axes= to read the tensors another way"
-            )
-        return adapt_vllm(pool, page_size, given.get("kind"))  # type: ignore[arg-type]
-    # Explicit attrs (an option or a spec's) name the tensors: read them as named, never unwrapped.
-    structure = None if given.get("attrs") else hybrid.detect(pool)
+    source = locate_source(pool, page_size, given)  # every input becomes one record
+    if source.vllm:
+        kind, ids = source.options.get("kind"), source.options.get("layer_ids")
+        return adapt_vllm(pool, source.page_size, kind, ids)  # type: ignore[arg-type]
+    view = _adapt_plain(source.holder, source.page_size, source.options, source.label)
+    return _label_and_policy(source, view)
+
+
+def _label_and_policy(source: Source, view: PoolView) -> PoolView:
+    """Global layer ids from a hybrid wrapper's mapping, then the hybrid policy over what is left out."""
+    pool, given, structure = source.pool, source.options, source.structure
     if structure is not None:
-        hybrid.check_kind(pool, structure, given.get("kind"))
-        view = _adapt_plain(structure.primary, page_size, given, label)
         view = mapped_layer_ids(pool, structure, view, set(given))
         groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
-        return hybrid.apply_policy(view, pool, structure.family, groups, mode)
-    if spec_source is None and not given.get("attrs") and given.get("axes") is None:
-        found = plugin_spec(pool)
-        if found is not None:
-            given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
-            page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
-    view = _adapt_plain(pool, page_size, given, label)
+        return hybrid.apply_policy(view, pool, structure.family, groups, source.mode)
     if given.get("attrs"):
         view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
     wrappers = _hybrid_markers(pool) if given.get("attrs") else []
     if wrappers:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
         view = view.rebuild(report=replace(view.report, notes=(*view.report.notes, note + ", ".join(wrappers))))
-    return hybrid.apply_policy(view, pool, view.report.recognizer, hybrid.scale_groups(pool, view.layer_ids), mode)
+    groups = hybrid.scale_groups(pool, view.layer_ids)
+    return hybrid.apply_policy(view, pool, view.report.recognizer, groups, source.mode)
 
 
 def _hybrid_markers(pool: object) -> list[str]:
     return [m for m in _HYBRID_MARKERS if probe(pool, m, tolerate=True) is not None]
-
-
-def _is_hisparse(pool: object) -> bool:
-    """HiSparse pools carry (or register later) a full -> device index mapping."""
-    # tolerate: SGLang's property asserts that hisparse is enabled
-    if probe(pool, "full_to_hisparse_device_index_mapping", tolerate=True) is not None:
-        return True
-    register_mapping = probe(pool, "register_mapping")
-    try:
-        return (
-            callable(register_mapping)
-            and "full_to_hisparse_device_index_mapping" in inspect.signature(register_mapping).parameters
-        )
-    except (TypeError, ValueError):
-        return False
-
-
-def _spec_page_size(name: str, from_spec: int | None, argument: int | None) -> int | None:
-    if from_spec is not None and argument is not None and from_spec != argument:
-        raise AdapterError(f"page_size={argument} contradicts spec {name}: page_size={from_spec}")
-    return argument if argument is not None else from_spec
 
 
 def _adapt_plain(pool: object, page_size: int | None, options: Any, label: str | None) -> PoolView:
@@ -164,6 +129,10 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
     if not fits:
         reasons = [*declined, *(f"{loc.family} ({'/'.join(loc.attrs)}) as {i}: {why}" for loc, i, why in misfits)]
         raise _unsupported(pool, reasons)
+    if geometry.axes is None:
+        for loc, interp in fits:
+            if twin := vllm_twin_of(loc, interp):
+                raise AmbiguousLayoutError(f"{type(pool).__name__}.{twin}")
     return _choose(pool, fits)
 
 

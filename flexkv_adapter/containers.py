@@ -120,6 +120,44 @@ def make_container(attr: str, value: object) -> Container | str:
     return f"{attr} is {type(value).__name__}, not a tensor, a sequence of tensors or a dict of them"
 
 
+def _tensors_of(value: object, order: tuple[int, ...] | None) -> list[object]:
+    if isinstance(value, Mapping):
+        items = list(value.values())
+        return [items[i] for i in order] if order is not None else items
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def addresses(value: object) -> tuple[object, ...]:
+    """The data pointers of the tensors a value holds (a tensor, a list/tuple or a dict of them)."""
+    return tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in _tensors_of(value, None))
+
+
+def copy_problem(first: Container, value: object, again: object) -> str | None:
+    """Why a second read of an attribute shows it is not the pool's memory (a getter that copies), or None.
+
+    A property returning ``.clone()``, or ``.contiguous()`` of a non-contiguous tensor, gives new memory on
+    every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool.
+    """
+    if again is value:
+        return None  # a plain attribute: the same object
+    try:
+        second = _tensors_of(again, first.dict_order)
+        same = len(second) == len(first.tensors) and all(
+            isinstance(b, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            for a, b in zip(first.tensors, second)
+        )
+    except Exception:  # a second read that is not even a container of tensors
+        same = False
+    if same:
+        return None
+    return (
+        f"{first.attr} gives new memory on every read (two reads returned tensors at different addresses): "
+        f"a property that copies (.clone(), .contiguous() of a non-contiguous tensor). A view of it would "
+        f"alias a temporary and nothing written through it would reach the pool. Fix: expose the pool's own "
+        f"tensors (the storage, not a copy), or name them with attrs=[...]"
+    )
+
+
 def pairing_problem(k: Container, v: Container) -> str | None:
     """Why separate K and V containers cannot be paired layer by layer, or None.
 

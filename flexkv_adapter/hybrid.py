@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -28,6 +27,7 @@ import torch
 from .errors import InconsistentLayersError, UnsupportedPoolError
 from .planes import MAMBA_REASON, SWA_REASON, PartialPoolError, WholePool, describe
 from .probe import probe
+from .text import short_repr
 from .views import PoolView
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def _is_id(x: object) -> bool:
 
 def _bad_metadata(owner: object, attr: str, value: object, expected: str) -> InconsistentLayersError:
     return InconsistentLayersError(
-        f"{type(owner).__name__}.{attr} = {reprlib.repr(value)}: expected {expected}; the hybrid wrapper's "
+        f"{type(owner).__name__}.{attr} = {short_repr(value)}: expected {expected}; the hybrid wrapper's "
         f"layer metadata is malformed, so which layers hold what cannot be trusted"
     )
 
@@ -277,7 +277,7 @@ def resolve_mode(mode: str | None) -> HybridMode:
 
         return load_settings().hybrid
     if mode not in ("error", "attention_only"):
-        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {mode!r}")
+        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {short_repr(mode)}")
     return mode  # type: ignore[return-value]
 
 

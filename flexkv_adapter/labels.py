@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from . import hybrid
-from .containers import Container, Located
+from .containers import Container, Located, layer_index_from_name
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError
+from .integers import looks_numeric, read_integer
 from .layout import Geometry
-from .probe import probe, probe_path
+from .probe import attr_owners, probe, probe_int
+from .text import short_repr
 from .views import PoolView
 
 
@@ -41,7 +43,9 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
                 f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
                 f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
             )
-    model_ids = _model_layer_ids(attrs_owner(pool, geometry.attrs), count)
+        if container.layer_ids is None and container.names is not None:  # partly named: those names must agree
+            names_layer_ids(container.names, given, name)
+    model_ids = owners_model_ids(pool, geometry.attrs, count)
     if given is not None:
         _agree(name, f"layer_ids={list(given)}", list(given), model_ids)
         return list(given)
@@ -57,26 +61,70 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
     return list(range(geometry.start_layer, geometry.start_layer + count))
 
 
-def attrs_owner(pool: object, attrs: tuple[str, ...] | None) -> object:
-    """The object holding the named attributes: ``pool.full_kv_pool`` for ``attrs=["full_kv_pool.k_buffer", ...]``."""
-    owners = {a.rpartition(".")[0] for a in attrs or ()}
-    owner = owners.pop() if len(owners) == 1 else ""
-    return probe_path(pool, owner) if owner else pool
+def names_layer_ids(names: Sequence[str], given: Sequence[int] | None, where: str) -> list[int]:
+    """Layer ids of a dict's entries in the dict's order: from ``layer_ids=`` or the names, which must agree.
+
+    An entry whose name holds no layer index (``mtp.attn``) is never labelled by its position: without
+    ``layer_ids=`` that is an AmbiguousLayoutError, as for any other dict.
+    """
+    parsed = [layer_index_from_name(n) for n in names]
+    if given is not None:
+        if len(given) != len(names):
+            raise AdapterError(f"{where}: layer_ids has {len(given)} entries but the dict has {len(names)} layers")
+        if clash := [(n, p, g) for n, p, g in zip(names, parsed, given) if p is not None and p != g]:
+            name, index, wanted = clash[0]
+            raise InconsistentLayersError(
+                f"{where}: layer_ids={short_repr(list(given))} (in the dict's order) contradicts the names: "
+                f"{short_repr(name)} holds layer {index}, not {wanted}; drop layer_ids or fix the names"
+            )
+        return list(given)
+    if any(p is None for p in parsed) or len(set(parsed)) != len(parsed):
+        unnamed = [short_repr(n) for n, p in zip(names, parsed) if p is None][:3]
+        raise AmbiguousLayoutError(
+            f"{where}: cannot take one distinct layer index from each name ({', '.join(unnamed) or 'repeated'}"
+            f"{' hold none' if unnamed else ''}); pass layer_ids=[...] in the dict's order"
+        )
+    return parsed  # type: ignore[return-value]
+
+
+def owners_model_ids(pool: object, attrs: tuple[str, ...] | None, count: int) -> list[int] | None:
+    """``model_layer_ids`` of the object(s) holding the named tensors (:func:`~.probe.attr_owners`, the one
+    owner rule metadata is read by too); two owners that disagree are an error."""
+    found = [(p, ids) for p, owner in attr_owners(pool, attrs) if (ids := _model_layer_ids(owner, count)) is not None]
+    if len({tuple(ids) for _, ids in found}) > 1:
+        shown = "; ".join(f"{p or 'pool'}.model_layer_ids={short_repr(ids)}" for p, ids in found)
+        raise InconsistentLayersError(f"{type(pool).__name__}: the attrs= owners disagree: {shown}")
+    return found[0][1] if found else None
 
 
 def _model_layer_ids(pool: object, count: int) -> list[int] | None:
     """SGLang's ``model_layer_ids``: the global ids of this pool's layers, if it has them."""
     model_ids = probe(pool, "model_layer_ids")
-    if not isinstance(model_ids, (list, tuple, range)):
+    if model_ids is None:
         return None
-    ids = list(model_ids)
-    valid = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
-    if not valid or len(ids) != count or len(set(ids)) != count:
+    where = f"{type(pool).__name__}.model_layer_ids"
+    if not isinstance(model_ids, (list, tuple, range)):
+        if looks_numeric(model_ids) or isinstance(model_ids, (str, bytes)):
+            raise InconsistentLayersError(f"{where}={short_repr(model_ids)}: expected a list of layer ids")
+        return None
+    ids = [read_integer(i, f"{where}[{n}]", InconsistentLayersError) for n, i in enumerate(model_ids)]
+    if any(i < 0 for i in ids) or len(ids) != count or len(set(ids)) != count:
         raise InconsistentLayersError(
-            f"{type(pool).__name__}.model_layer_ids={model_ids!r:.200}: expected {count} distinct layer ids "
-            f"(integers), one per layer"
+            f"{where}={short_repr(model_ids, 200)}: expected {count} distinct layer ids (integers), one per layer"
         )
     return ids
+
+
+def compact_default(sub: object, count: int) -> bool:
+    """Whether ``sub.model_layer_ids`` is SGLang's compact default ``range(start_layer, start_layer + n)``.
+
+    SGLang 0.5.23 patches the wrapper's ids onto an MHA child only (``memory_pool.py``, "Only the hybrid
+    root knows the model IDs of its compact child"); an MLA child keeps this default, which says nothing
+    about where its layers sit in the model: the wrapper's mapping is the truth there.
+    """
+    start = probe_int(sub, "start_layer") or 0
+    ids = _model_layer_ids(sub, count)
+    return ids is None or ids == list(range(start, start + count))
 
 
 def _agree(name: str, option: str, ids: list[int], model_ids: list[int] | None) -> None:
@@ -101,7 +149,7 @@ def mapped_layer_ids(pool: object, structure: hybrid.HybridStructure, view: Pool
             f"{mapped} but {structure.primary_attr} holds {len(view.layer_ids)}"
         )
     explicit = sorted({"layer_ids", "start_layer"} & options)
-    if probe(structure.primary, "model_layer_ids") is not None:
+    if not compact_default(structure.primary, len(mapped)):
         explicit.append(f"{structure.primary_attr}.model_layer_ids")
     if explicit and view.layer_ids != mapped:
         raise InconsistentLayersError(

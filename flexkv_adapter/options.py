@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import operator
 import os
-import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
@@ -12,8 +10,10 @@ import torch
 
 from .axes import AxesLike, Axis, parse_axes
 from .errors import AdapterError, InconsistentLayersError, NotAddressableError
+from .integers import bounded_integer
 from .layout import Geometry, ViewKind
-from .probe import probe, probe_int
+from .probe import attr_owners, probe, probe_int
+from .text import short_repr
 
 
 class AdaptOptions(TypedDict, total=False):
@@ -56,20 +56,13 @@ _MAX_EXTENT = 1 << 40  # no real dimension, layer id or byte offset comes near i
 
 def _int(name: str, value: object, minimum: int) -> int:
     """An integer (numpy and 0-d tensor integers too, via ``__index__``); never a bool or a float."""
-    try:
-        number = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        number = None
-    if number is None or not minimum <= number < _MAX_EXTENT:
-        what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
-        raise AdapterError(f"{name} must be {what}, got {_short(value)}")
-    return number
+    return bounded_integer(value, name, minimum, _MAX_EXTENT)
 
 
 def _choice(*allowed: str) -> Callable[[str, object], str]:
     def check(name: str, value: object) -> str:
         if value not in allowed:
-            raise AdapterError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")
+            raise AdapterError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {short_repr(value)}")
         return value  # type: ignore[return-value]
 
     return check
@@ -77,35 +70,37 @@ def _choice(*allowed: str) -> Callable[[str, object], str]:
 
 def _ints(name: str, value: object, minimum: int) -> list[int]:
     if not isinstance(value, (list, tuple)) or not value:
-        raise AdapterError(f"{name} must be a non-empty list of integers, got {_short(value)}")
+        raise AdapterError(f"{name} must be a non-empty list of integers, got {short_repr(value)}")
     return [_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(value)]
 
 
 def _layer_ids(name: str, value: object) -> list[int]:
     ids = _ints(name, value, 0)
     if len(set(ids)) != len(ids):
-        raise AdapterError(f"{name} names a layer twice: {_short(value)}")
+        raise AdapterError(f"{name} names a layer twice: {short_repr(value)}")
     return ids
 
 
 def _shape(name: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
-        raise AdapterError(f"{name} must be a non-empty list of sizes (one may be -1), got {_short(value)}")
+        raise AdapterError(f"{name} must be a non-empty list of sizes (one may be -1), got {short_repr(value)}")
     dims = tuple(_int(f"{name}[{i}]", v, -1) for i, v in enumerate(value))
     if 0 in dims:
-        raise AdapterError(f"{name}={_short(value)}: sizes must be positive (or one -1)")
+        raise AdapterError(f"{name}={short_repr(value)}: sizes must be positive (or one -1)")
     if dims.count(-1) > 1:
-        raise AdapterError(f"{name}={_short(value)} may hold at most one -1")
+        raise AdapterError(f"{name}={short_repr(value)} may hold at most one -1")
     return dims
 
 
 def _attrs(name: str, value: object) -> list[str]:
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or len(names) not in (1, 2):
-        raise AdapterError(f"{name} takes one or two attribute names, got {_short(value)}")
+        raise AdapterError(f"{name} takes one or two attribute names, got {short_repr(value)}")
     for n in names:
         if not isinstance(n, str) or not all(part.isidentifier() for part in n.split(".")):
-            raise AdapterError(f"{name}: {_short(n)} is not an attribute name or dotted path (e.g. 'pool.k_buffer')")
+            raise AdapterError(
+                f"{name}: {short_repr(n)} is not an attribute name or dotted path (e.g. 'pool.k_buffer')"
+            )
     return list(names)
 
 
@@ -113,7 +108,7 @@ def _axes(name: str, value: object) -> tuple[Axis, ...]:
     ok = isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(a, str) for a in value))
     try:
         if not ok:
-            raise ValueError(f"expected a string like 'L KV N H D' or a list of axis names, got {_short(value)}")
+            raise ValueError(f"expected a string like 'L KV N H D' or a list of axis names, got {short_repr(value)}")
         return parse_axes(value)  # type: ignore[arg-type]
     except ValueError as exc:
         raise AdapterError(f"invalid axes option: {exc}") from None
@@ -121,7 +116,7 @@ def _axes(name: str, value: object) -> tuple[Axis, ...]:
 
 def _dtype(name: str, value: object) -> torch.dtype:
     if not isinstance(value, torch.dtype):
-        raise AdapterError(f"{name} must be a torch.dtype (e.g. torch.bfloat16), got {_short(value)}")
+        raise AdapterError(f"{name} must be a torch.dtype (e.g. torch.bfloat16), got {short_repr(value)}")
     return value
 
 
@@ -129,7 +124,7 @@ def _spec(name: str, value: object) -> object:
     from .spec import LayoutSpec
 
     if not isinstance(value, (LayoutSpec, Mapping, str, os.PathLike)):
-        raise AdapterError(f"{name} must be a LayoutSpec, a dict or a YAML path, got {_short(value)}")
+        raise AdapterError(f"{name} must be a LayoutSpec, a dict or a YAML path, got {short_repr(value)}")
     return value
 
 
@@ -149,11 +144,6 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
 }
 
 
-def _short(value: object) -> str:
-    """A bounded repr for messages (a hostile value must not make a huge error)."""
-    return reprlib.repr(value)
-
-
 def validate_options(options: Mapping[str, Any], page_size: object = None) -> dict[str, Any]:
     """The options with each value checked and normalised once (``None`` means not given).
 
@@ -169,13 +159,43 @@ def validate_options(options: Mapping[str, Any], page_size: object = None) -> di
     return checked
 
 
-def _pool_kv_dim(pool: object) -> tuple[int | None, str]:
+def _pool_kv_dim(pool: object, prefix: str) -> tuple[int | None, str]:
     if (dim := probe_int(pool, "kv_cache_dim")) is not None:
-        return dim, "pool.kv_cache_dim"
+        return dim, f"{prefix}kv_cache_dim"
     rank, rope = probe_int(pool, "kv_lora_rank"), probe_int(pool, "qk_rope_head_dim")
     if rank is not None and rope is not None:
-        return rank + rope, "pool.kv_lora_rank + pool.qk_rope_head_dim"
+        return rank + rope, f"{prefix}kv_lora_rank + {prefix}qk_rope_head_dim"
     return None, ""
+
+
+def _owner_facts(owner: object, prefix: str, logical: object) -> dict[str, tuple[int | None, str]]:
+    """One metadata owner's integer facts, each with where it came from."""
+    facts = {n: (probe_int(owner, n), f"{prefix}{n}") for n in _POOL_INTS}
+    facts["kv_dim"] = _pool_kv_dim(owner, prefix)
+    if isinstance(logical, torch.dtype) and str(logical).endswith("_x2"):
+        # Packed dtypes (FP4 as float4_e2m1fn_x2) store two values per element: the buffers'
+        # last dim is half the pool's head dims.
+        for name in ("head_dim", "v_head_dim", "kv_dim"):
+            value, origin = facts[name]
+            if value is not None:
+                facts[name] = (value // 2, f"{origin} / 2 ({logical} packs two values per element)")
+    return facts
+
+
+def _merged_facts(pool: object, owners: list[tuple[str, object]], logical: object) -> dict[str, tuple[int, str]]:
+    """The facts of every owner of the named attributes; two owners that disagree are an error."""
+    merged: dict[str, tuple[int, str]] = {}
+    for path, owner in owners:
+        for name, (value, origin) in _owner_facts(owner, f"pool.{path}." if path else "pool.", logical).items():
+            if value is None:
+                continue
+            if name in merged and merged[name][0] != value:
+                raise InconsistentLayersError(
+                    f"{type(pool).__name__}: {merged[name][1]}={merged[name][0]} but {origin}={value}; the "
+                    f"attributes named by attrs= belong to pools that disagree"
+                )
+            merged.setdefault(name, (value, origin))
+    return merged
 
 
 def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions) -> Geometry:
@@ -183,19 +203,10 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
     given = validate_options(options, page_size)
     facts: dict[str, Any] = {}
     sources: list[tuple[str, str]] = []
-    pool_facts: dict[str, tuple[int | None, str]] = {n: (probe_int(pool, n), f"pool.{n}") for n in _POOL_INTS}
-    pool_facts["kv_dim"] = _pool_kv_dim(pool)
-    logical = probe(pool, "dtype")
-    if isinstance(logical, torch.dtype) and str(logical).endswith("_x2"):
-        # Packed dtypes (FP4 as float4_e2m1fn_x2) store two values per element: the buffers'
-        # last dim is half the pool's head dims.
-        for name in ("head_dim", "v_head_dim", "kv_dim"):
-            value, origin = pool_facts[name]
-            if value is not None:
-                pool_facts[name] = (value // 2, f"{origin} / 2 ({logical} packs two values per element)")
-    for name, (value, origin) in pool_facts.items():
-        if value is None:
-            continue
+    owners = attr_owners(pool, given.get("attrs"))  # attrs= owners' metadata is read like a top-level pool's
+    owner = owners[0][1] if len(owners) == 1 else pool
+    logical = probe(owner, "dtype")
+    for name, (value, origin) in _merged_facts(pool, owners, logical).items():
         if value < _POOL_MINIMUM.get(name, value):  # a 0 page size would divide by zero, a negative one trim up
             raise InconsistentLayersError(
                 f"{type(pool).__name__}: {origin}={value} is out of range (must be >= {_POOL_MINIMUM[name]}); "
@@ -208,8 +219,8 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
             )
         facts[name] = value
         sources.append((name, origin))
-    stored = probe(pool, "store_dtype")
-    described = isinstance(logical, torch.dtype) and not isinstance(pool, torch.Tensor)  # a tensor's own dtype: no
+    stored = probe(owner, "store_dtype")
+    described = isinstance(logical, torch.dtype) and not isinstance(owner, torch.Tensor)  # a tensor's own dtype: no
     if described and given.get("dtype", logical) not in (logical, stored):
         raise InconsistentLayersError(
             f"{type(pool).__name__}: option dtype={given['dtype']} contradicts pool.dtype={logical}"
@@ -218,7 +229,7 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
     facts.update(given)
     kind = facts.get("kind")
     axes: tuple[Axis, ...] | None = given.get("axes")
-    layout = probe(pool, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
+    layout = probe(owner, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
     if axes is None and layout == "hnd":
         axes, kind = parse_axes("P H T D"), kind or "mha"
     elif axes is None and layout == "vectorized_5d":

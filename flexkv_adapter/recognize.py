@@ -18,10 +18,23 @@ from dataclasses import dataclass
 import torch
 
 from .axes import Axis, format_axes, parse_axes
-from .containers import BOTH, MHA, MLA, SELF, Container, Located, locate_sequence, make_container, pairing_problem
-from .errors import AdapterError
+from .containers import (
+    BOTH,
+    MHA,
+    MLA,
+    SELF,
+    Container,
+    Located,
+    copy_problem,
+    locate_sequence,
+    make_container,
+    pairing_problem,
+)
+from .errors import AdapterError, NotAddressableError
 from .layout import Geometry, Interpretation, Plane, ViewKind
 from .probe import probe_path
+from .text import short_repr
+from .vllm_layout import vllm_twin
 
 
 @dataclass(frozen=True)
@@ -55,11 +68,11 @@ def register_attribute_names(*names: str, kind: ViewKind | None = None, family: 
     match a pool with different meanings, :func:`adapt` raises an ambiguity error.
     """
     if len(names) not in (1, 2) or not all(isinstance(n, str) and n.isidentifier() for n in names):
-        raise AdapterError(f"register_attribute_names takes one or two attribute names, got {names!r}")
+        raise AdapterError(f"register_attribute_names takes one or two attribute names, got {short_repr(names)}")
     if kind not in (None, "mha", "mla"):
-        raise AdapterError(f"kind must be 'mha', 'mla' or None, got {kind!r}")
+        raise AdapterError(f"kind must be 'mha', 'mla' or None, got {short_repr(kind)}")
     if not isinstance(family, str):
-        raise AdapterError(f"family must be a string, got {family!r}")
+        raise AdapterError(f"family must be a string, got {short_repr(family)}")
     if len(names) == 2 and kind == "mla":
         raise AdapterError("two names mean separate K and V buffers, which is MHA; MLA takes one name")
     kinds = frozenset({kind}) if kind else (BOTH if len(names) == 1 else MHA)
@@ -105,6 +118,9 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
         if problems:
             declined.append(f"{rule.family}: {'; '.join(problems)}")
             continue
+        for name, value, container in zip(rule.names, values, made):  # identity: read twice, the same memory
+            if isinstance(container, Container) and (why := copy_problem(container, value, probe_path(pool, name))):
+                raise NotAddressableError(f"{type(pool).__name__}.{why}")
         found.append(Located(rule.family, tuple(m for m in made if isinstance(m, Container)), rule.kinds))
     if absent:
         declined.append(f"none of these attributes is present (or they are None): {', '.join(absent)}")
@@ -147,6 +163,10 @@ _READINGS: dict[tuple[bool, bool], tuple[Interpretation, ...]] = {
 }
 
 
+_KV_NHD = parse_axes("KV N H D")
+_PAIR_OF_ONE_LAYER = Interpretation("mha", parse_axes("N H D"), per_layer=True)
+
+
 def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
     """(family, attribute names, reading) for every built-in rule and pool shape."""
     out: list[tuple[str, tuple[str, ...], Interpretation]] = []
@@ -160,6 +180,7 @@ def builtin_readings() -> list[tuple[str, tuple[str, ...], Interpretation]]:
     for family, outer, sequence in (*nested, ("kv-pair-tensors", (Axis.KV,), False)):
         # written with the container axes, so each reads only its own family (see tensor_axes)
         out += [(family, (), Interpretation(i.kind, (*outer, *i.axes), False)) for i in _READINGS[(True, sequence)]]
+    out.append(("kv-pair-tensors", (), Interpretation("mha", (Axis.KV, *_PAIR_OF_ONE_LAYER.axes), True)))
     return out
 
 
@@ -168,10 +189,25 @@ def candidates(located: Located, geometry: Geometry) -> list[Interpretation]:
     sequence = located.containers[0].is_sequence
     if geometry.axes is not None:
         axes = tensor_axes(located, geometry.axes)
+        if located.outer == (Axis.KV,) and axes == geometry.axes and Axis.LAYER not in axes:
+            return []  # a [k, v] pair is read per layer only where the axes name its KV level: "KV N H D"
         kind: ViewKind = geometry.kind or ("mha" if located.split or Axis.KV in axes else "mla")
         return [Interpretation(kind, axes, Axis.LAYER not in axes)]
     table = _READINGS[(located.split, sequence)]
+    if located.outer == (Axis.KV,):  # [k, v] of one layer: single-head K/V also read as two MLA layers
+        table = (*table, _PAIR_OF_ONE_LAYER)
     return [i for i in table if i.kind in located.kinds and geometry.kind in (None, i.kind)]
+
+
+def vllm_twin_of(located: Located, interp: Interpretation) -> str | None:
+    """The vLLM 0.33 reading that fits as well as ``interp`` (a dict or list of views of one buffer,
+    wherever it is nested): the same rule :func:`~flexkv_adapter.vllm_layout.is_vllm_dict` applies to
+    a dict passed directly."""
+    container = located.containers[0]
+    if located.split or not container.is_sequence or interp.axes != _KV_NHD:
+        return None
+    twin = vllm_twin(container.tensors)
+    return f"{container.attr}: {len(container.tensors)} {twin}" if twin else None
 
 
 def tensor_axes(located: Located, axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
@@ -223,7 +259,7 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         return f"{located.family} attributes do not hold {interp.kind.upper()} buffers"
     if interp.per_layer == (Axis.LAYER in axes):
         return "a per-layer reading cannot have an L axis"
-    if located.outer == (Axis.KV,) and interp.per_layer:
+    if located.outer == (Axis.KV,) and interp.per_layer and interp != _PAIR_OF_ONE_LAYER:
         return "a [K, V] pair of tensors is read whole: its axes need L (a list of per-layer tensors has none)"
     if located.split and len(located.containers[0].tensors) != len(located.containers[1].tensors):
         k, v = located.containers
@@ -258,6 +294,12 @@ def mismatch(located: Located, interp: Interpretation, geometry: Geometry) -> st
         for what, got, expected, origin in want:
             if expected is not None and got != expected:
                 return f"{container.attr}: {what} would be {got}, expected {expected} ({origin})"
+        rows = extent.get(Axis.ROWS) or extent[Axis.PAGE] * extent[Axis.TOKEN]
+        if geometry.page_size is not None and rows < geometry.page_size:
+            return (
+                f"{container.attr}: {rows} rows per layer, fewer than page_size={geometry.page_size} "
+                f"({geometry.origin('page_size')}); FlexKV needs at least one whole block"
+            )
         counts.append((container.attr, layers))
     if len({n for _, n in counts}) > 1:
         return f"the planes disagree on the number of layers: {', '.join(f'{a} has {n}' for a, n in counts)}"

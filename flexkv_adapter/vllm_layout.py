@@ -35,8 +35,11 @@ from .errors import (
     UnsupportedPoolError,
     describe,
 )
+from .integers import bounded_integer
 from .layout import ViewKind
 from .probe import storage_problem
+from .text import short_repr
+from .vllm_detect import INDEXER_SUFFIX, is_vllm_dict, vllm_twin
 
 #: vLLM 0.33 ``KVCacheLayout`` values: the physical order of the logical axes [L, B, H, N, C].
 LAYOUTS: dict[str, tuple[int, ...]] = {
@@ -47,47 +50,14 @@ LAYOUTS: dict[str, tuple[int, ...]] = {
     "BLNHC": (1, 0, 3, 2, 4),
     "BHLNC": (1, 2, 0, 3, 4),
 }
-INDEXER_SUFFIX = ".k_cache"  # DeepSeek-V3.2 indexer entries; FlexKV's vLLM adapter splits them off by name
 _L, _B, _H, _N, _C = range(5)
 _MHA_FIX = (
     "set VLLM_KV_CACHE_LAYOUT=LBNHC (token-major, layer-outermost; the default when the flexkv_adapter plugin "
     "is installed and the variable is unset). If the attention backend rejects LBNHC (FlashInfer on Blackwell "
     "supports only LBHNC and BLHNC), select one that supports it: --attention-backend FLASH_ATTN"
 )
+__all__ = ["INDEXER_SUFFIX", "LAYOUTS", "is_vllm_dict", "read_geometry", "vllm_form", "vllm_twin"]
 ONE_HEAD_FIX = "set VLLM_KV_CACHE_LAYOUT to a layer-outermost layout (LBNHC, LBHNC or LHBNC)"
-
-
-def is_vllm_dict(obj: object) -> bool:
-    """A dict of 4-D tensors that all view one backing buffer: vLLM 0.33's ``register_kv_caches`` input.
-
-    Raises AmbiguousLayoutError where another per-layer reading has the same strides.
-    """
-    if not isinstance(obj, Mapping):
-        return False
-    try:
-        items = list(obj.items())
-    except Exception as exc:  # a Mapping subclass whose items() fails
-        raise UnsupportedPoolError(
-            f"{type(obj).__name__} is a mapping whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
-        ) from None
-    main = [t for n, t in items if not (isinstance(n, str) and n.endswith(INDEXER_SUFFIX))]
-    if not main or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in main):
-        return False
-    if any(storage_problem(t) for t in main):
-        return False  # meta/fake/sparse tensors: the general path refuses them with the reason
-    if len({t.untyped_storage().data_ptr() for t in main}) != 1:
-        return False
-    shape = tuple(main[0].shape)
-    same_strides = [  # (fits, vLLM reading, other reading, axes that settle it)
-        (shape[0] == 2, "[blocks=2, heads, tokens, C]", "per-layer [K/V=2, rows, heads, dim]", "KV N H D"),
-        (shape[2] == 1 < shape[1], "[blocks, heads, tokens=1, C]", "per-layer pages [P, T, H=1, D]", "P T H D"),
-    ]
-    for vllm, reading, axes in (r[1:] for r in same_strides if r[0]):
-        raise AmbiguousLayoutError(
-            f"a dict of {shape} views of one buffer reads as vLLM 0.33 {vllm} or as {reading}. Pass axes='{axes}' "
-            f"for the latter; register such a vLLM 0.33 cache with flexkv_adapter.flexkv.vllm_plan.plan_vllm"
-        )
-    return True
 
 
 @dataclass(frozen=True)
@@ -122,6 +92,8 @@ def _strides(layout: tuple[int, ...], extents: tuple[int, ...]) -> dict[int, int
 
 def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     """Recover the layout from strides and storage offsets (never from shape alone)."""
+    if not isinstance(kv_caches, Mapping):
+        raise UnsupportedPoolError(f"vLLM KV caches must be a dict of name -> tensor, got {short_repr(kv_caches)}")
     if odd := [n for n in kv_caches if not isinstance(n, str)]:  # str(n) would merge 1 and "1" into one layer
         raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
@@ -134,6 +106,15 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
             f"vLLM KV caches: names {list(main)[:4]} repeat layer index {repeated} (separate K and V entries?); "
             f"vLLM 0.33 gives one [B, H, N, C] entry per layer. Read per-layer K/V tensors with axes= instead"
         )
+    for name, t in main.items():  # what vLLM 0.33 gives: one 4-D view with memory per layer
+        what = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else f"{t.ndim}-D ({describe(t)})"
+        if not isinstance(t, torch.Tensor) or t.ndim != 4:
+            raise UnsupportedPoolError(
+                f"vLLM KV caches: {name} is {what}; vLLM 0.33 gives one 4-D [B, H, N, C] tensor per layer. "
+                f"Read other tensors with adapt(..., axes=...)"
+            )
+        if why := storage_problem(t):
+            raise UnsupportedPoolError(f"vLLM KV caches: {name} {why}")
     first_name, first = next(iter(main.items()), ("", torch.empty(0)))
     if 0 in first.shape:  # no entry besides indexer ones, or empty tensors
         raise NotAddressableError(f"vLLM KV caches: no KV cache in {list(kv_caches)[:3]} ({describe(first)}): empty")
@@ -168,7 +149,24 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
             f"have no block padding"
         )
     slots = tuple(distinct.index(o) for o in offsets)
+    _check_sharing(main, offsets)
     return VLLMGeometry(layouts, tuple(main), slots, indexer, blocks, heads, tokens, content)
+
+
+def _check_sharing(main: Mapping[str, torch.Tensor], offsets: list[int]) -> None:
+    """Entries over the same bytes must be one tensor object: vLLM's KV sharing
+    (``initialize_kv_cache_for_kv_sharing``) passes the target's tensor; HMA cache groups give each
+    layer its own view, and FlexKV would address them all with the first group's block ids."""
+    owner: dict[int, tuple[str, torch.Tensor]] = {}
+    for (name, t), offset in zip(main.items(), offsets):
+        first_name, first = owner.setdefault(offset, (name, t))
+        if first is not t:
+            raise InconsistentLayersError(
+                f"vLLM KV caches: {first_name} and {name} are distinct views of the same bytes: several KV "
+                f"cache groups (HMA) share one buffer, and FlexKV would read every layer with one group's block "
+                f"ids. KV sharing passes the same tensor object under both names. Register one KV cache group, "
+                f"or run vLLM with --disable-hybrid-kv-cache-manager"
+            )
 
 
 @dataclass(frozen=True)
@@ -192,7 +190,7 @@ class VLLMForm:
 def resolve_kind(kind: ViewKind | None, heads: int, tp_size: int | None, where: str) -> ViewKind:
     """MHA or MLA; one head per rank reads like MLA, which matters unless tp_size is known to be 1."""
     if kind not in (None, "mha", "mla"):
-        raise AdapterError(f"{where}: kind must be 'mha' or 'mla', got {kind!r}")
+        raise AdapterError(f"{where}: kind must be 'mha' or 'mla', got {short_repr(kind)}")
     if kind == "mla" and heads != 1:
         raise InconsistentLayersError(f"{where}: kind='mla' but the views have {heads} heads (MLA has one)")
     if kind is not None:
@@ -224,8 +222,8 @@ def vllm_form(
     """
     g = read_geometry(kv_caches)
     where = f"vLLM KV cache ({g.layouts[0] if len(g.layouts) == 1 else '/'.join(g.layouts)})"
-    if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1):
-        raise AdapterError(f"{where}: page_size (vLLM's block_size) must be a positive integer, got {block_size!r}")
+    if block_size is not None:
+        block_size = bounded_integer(block_size, f"{where}: page_size (vLLM's block_size)", 1, 1 << 40)
     if g.indexer:
         raise NotAddressableError(
             f"{where}: the dict holds DeepSeek-V3.2 indexer caches ({', '.join(g.indexer[:2])}), which this "

@@ -6,19 +6,25 @@ turns a LAYERFIRST MLA form into per-layer ``kv_buffer`` rows, or refuses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from .containers import layer_index_from_name
+from .carve import check_flexkv_alignment
 from .errors import NotAddressableError
+from .labels import names_layer_ids
 from .layout import ViewKind
 from .report import Report
 from .views import MLAView
 from .vllm_layout import ONE_HEAD_FIX, read_geometry, resolve_kind, vllm_form
 
 
-def adapt_vllm(kv_caches: Mapping[str, torch.Tensor], page_size: int | None, kind: ViewKind | None) -> MLAView:
+def adapt_vllm(
+    kv_caches: Mapping[str, torch.Tensor],
+    page_size: int | None,
+    kind: ViewKind | None,
+    layer_ids: Sequence[int] | None = None,
+) -> MLAView:
     """:func:`~flexkv_adapter.adapt` of a vLLM 0.33 dict: MLA rows as an :class:`MLAView`, or a refusal.
 
     MHA cells are packed ``[K | V]``: no zero-copy ``k_buffer``/``v_buffer`` exists, so MHA goes
@@ -41,8 +47,8 @@ def adapt_vllm(kv_caches: Mapping[str, torch.Tensor], page_size: int | None, kin
             f"{ONE_HEAD_FIX}"
         )
     buffers = [c.view(c.shape[0] * c.shape[1], 1, c.shape[3]) for c in form.chunks]
-    ids = [i for i in (layer_index_from_name(n) for n in g.names) if i is not None]
-    layer_ids = ids if len(set(ids)) == len(g.names) else list(range(len(g.names)))
+    check_flexkv_alignment({"kv": buffers}, form.tokens_per_block, kv_caches, ("vLLM kv_caches",))  # as plan()
+    layer_ids = names_layer_ids(g.names, layer_ids, where)
     rows, first = buffers[0].shape[0], buffers[0]
     report = Report(
         source_kind="vLLM 0.33 kv_caches",

@@ -116,9 +116,7 @@ def test_adapt_gives_an_aliasing_mla_view_for_layer_outermost_mla_and_refuses_th
         adapt(views("LBNHC", 3, 4, 2, 2, 8), page_size=2)
 
 
-@pytest.mark.parametrize(
-    "option", [{"layer_ids": [7, 8, 9]}, {"dtype": torch.int16}, {"layer_num": 3}, {"head_dim": 8}]
-)
+@pytest.mark.parametrize("option", [{"start_layer": 7}, {"dtype": torch.int16}, {"layer_num": 3}, {"head_dim": 8}])
 def test_adapt_refuses_options_a_vllm_dict_would_not_apply(option):
     # Its geometry comes from strides: an option that is silently not applied would mislabel the view.
     with pytest.raises(AdapterError, match=r"do not apply to a vLLM 0.33 dict"):

@@ -11,7 +11,7 @@ from ..copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, shard_problem
 from ..errors import NotAddressableError, PlanError, describe
 
 if TYPE_CHECKING:
-    from .plan import FlexKVPlan
+    from .plan_types import FlexKVPlan
 
 SHARED_KV_MODES = ("sharded", "all_write", "rank0_only", "layer_parallel", "rank_rotate")
 

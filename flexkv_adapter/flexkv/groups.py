@@ -12,8 +12,7 @@ config must carry exactly :func:`layer_group_specs` (:func:`check_model_groups`)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,55 +21,9 @@ from ..errors import NotAddressableError, PlanError
 from ..planes import Plane, WholePool
 from ._import import import_flexkv
 from .checks import shared_kv_mode
-
-if TYPE_CHECKING:
-    from .plan import FlexKVPlan
+from .plan_types import FlexKVPlan, GroupPlan
 
 _MISSING = object()
-
-
-@dataclass(frozen=True)
-class GroupPlan:
-    """One FlexKV layer group in the adapter's terms: its ``LayerGroupSpec``, GPU layout and tensors."""
-
-    name: str
-    tensors: tuple[torch.Tensor, ...]
-    layer_indices: tuple[int, ...]  # FlexKV's: the model's layer ids, local to the pipeline stage
-    num_head: int  # per rank
-    head_size: int  # per token, elements of dtype
-    dtype: torch.dtype
-    compress_ratio: int
-    tokens_per_block: int  # the KV's page size // compress_ratio
-    num_block: int
-    kv_dim: int  # group 0's, as FlexKV's worker uses it for every group
-
-    @property
-    def chunk_bytes(self) -> int:
-        return self.tokens_per_block * self.num_head * self.head_size * self.dtype.itemsize
-
-    def spec_fields(self) -> dict[str, Any]:
-        """Keyword arguments of FlexKV's ``LayerGroupSpec``."""
-        return {
-            "num_layers": len(self.layer_indices),
-            "num_kv_heads": self.num_head,
-            "head_size": self.head_size,
-            "layer_indices": list(self.layer_indices),
-            "dtype": self.dtype,
-            "compress_ratio": self.compress_ratio,
-        }
-
-    def layout_fields(self) -> dict[str, Any]:
-        """Keyword arguments of this group's GPU ``KVCacheLayout`` (LAYERFIRST, like the KV's)."""
-        return {
-            "type": "LAYERFIRST",
-            "num_layer": len(self.layer_indices),
-            "num_block": self.num_block,
-            "tokens_per_block": self.tokens_per_block,
-            "num_head": self.num_head,
-            "head_size": self.head_size,
-            "kv_dim": self.kv_dim,
-            "num_kv_heads": self.num_head,
-        }
 
 
 def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, source: str) -> tuple[GroupPlan, ...]:
@@ -133,14 +86,6 @@ def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: s
     return group
 
 
-def layer_group_specs(p: FlexKVPlan) -> list[Any]:
-    """FlexKV's ``LayerGroupSpec`` list for ``p`` (needs FlexKV); empty for a single-group plan."""
-    if not p.groups:
-        return []
-    config = import_flexkv("flexkv.common.config")
-    return [config.LayerGroupSpec(**g.spec_fields()) for g in p.groups]
-
-
 def registration(p: FlexKVPlan) -> tuple[list[torch.Tensor], dict[str, Any]]:
     """``register_to_server``'s ``kv_caches`` and its layer-group keywords (none for one group)."""
     if not p.groups:
@@ -152,7 +97,7 @@ def registration(p: FlexKVPlan) -> tuple[list[torch.Tensor], dict[str, Any]]:
         fields["type"] = storage.KVCacheLayoutType[fields["type"]]
         layouts.append(storage.KVCacheLayout(**fields))
     return [t for g in p.groups for t in g.tensors], {
-        "layer_groups": layer_group_specs(p),
+        "layer_groups": p.flexkv_layer_groups(),
         "gpu_layouts": layouts,
         "handles_per_group": [list(g.tensors) for g in p.groups],
     }

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import AmbiguousLayoutError, PlanError
+from ..integers import bounded_integer
+from ..text import short_repr
 from ..views import PoolView
 
 if TYPE_CHECKING:
-    from .plan import FlexKVPlan
+    from .plan_types import FlexKVPlan
 
 _MISSING = object()
 
@@ -49,17 +51,21 @@ class LayoutFacts:
 
 
 def _field(config: object, name: str) -> Any:
-    """One guarded probe for a mapping key or an attribute."""
-    if isinstance(config, Mapping):
-        return config.get(name, _MISSING)
-    return getattr(config, name, _MISSING)
+    """One guarded probe for a mapping key or an attribute: a property that raises is a PlanError."""
+    try:
+        if isinstance(config, Mapping):
+            return config.get(name, _MISSING)
+        return getattr(config, name, _MISSING)
+    except Exception as exc:
+        raise PlanError(
+            f"model_config.{name} raised {type(exc).__name__} when read: {str(exc)[:200]}; pass FlexKV's "
+            f"ModelConfig or a mapping of plain values"
+        ) from None
 
 
 def positive_int(value: object, name: str) -> int:
-    """``value`` as a positive int; bools, floats and strings are refused."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PlanError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    """``value`` as a positive int (the one integer reader's rules); bools, floats and strings are refused."""
+    return bounded_integer(value, name, 1, 1 << 40, PlanError)
 
 
 def model_facts(model_config: object) -> ModelFacts:
@@ -69,10 +75,12 @@ def model_facts(model_config: object) -> ModelFacts:
     values = {n: _field(model_config, n) for n in ("num_layers", "num_kv_heads", "head_size", "dtype", "tp_size")}
     missing = [n for n, v in values.items() if v is _MISSING]
     if missing:
-        raise PlanError(f"model_config {model_config!r} lacks {missing}; pass FlexKV's ModelConfig or a mapping")
+        raise PlanError(
+            f"model_config {short_repr(model_config)} lacks {missing}; pass FlexKV's ModelConfig or a mapping"
+        )
     dtype = values["dtype"]
     if not isinstance(dtype, torch.dtype):
-        raise PlanError(f"model_config dtype must be a torch.dtype, got {dtype!r}")
+        raise PlanError(f"model_config dtype must be a torch.dtype, got {short_repr(dtype)}")
     layers = positive_int(values["num_layers"], "model_config.num_layers")
     per_stage = _field(model_config, "num_layers_per_pp_stage")
     pp_size = _field(model_config, "pp_size")
@@ -80,14 +88,14 @@ def model_facts(model_config: object) -> ModelFacts:
         layers = positive_int(per_stage, "model_config.num_layers_per_pp_stage")
     elif pp_size is not _MISSING and pp_size != 1:
         raise PlanError(
-            f"model_config has pp_size={pp_size!r}: FlexKV takes the layer count of this pipeline stage "
+            f"model_config has pp_size={short_repr(pp_size)}: FlexKV takes the layer count of this pipeline stage "
             f"(RankInfo.num_layers_per_pp_stage); pass a mapping that adds num_layers_per_pp_stage"
         )
     use_mla, kv_dim = _field(model_config, "use_mla"), _field(model_config, "kv_dim")
     if kv_dim is not _MISSING and kv_dim not in (1, 2):
-        raise PlanError(f"model_config.kv_dim must be 1 or 2, got {kv_dim!r}")
+        raise PlanError(f"model_config.kv_dim must be 1 or 2, got {short_repr(kv_dim)}")
     if use_mla is not _MISSING and not isinstance(use_mla, bool):
-        raise PlanError(f"model_config.use_mla must be a bool, got {use_mla!r}")
+        raise PlanError(f"model_config.use_mla must be a bool, got {short_repr(use_mla)}")
     return ModelFacts(
         num_layers=layers,
         num_kv_heads=positive_int(values["num_kv_heads"], "model_config.num_kv_heads"),

@@ -22,9 +22,7 @@ can misread it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
-from math import prod
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,13 +33,12 @@ from ..axes import format_axes, parse_axes
 from ..carve import check_consistent
 from ..errors import PlanError
 from ..labels import layer_ids_of
-from ..layout import ViewKind
 from ..options import AdaptOptions, resolve_geometry
+from ..text import short_repr
 from ..views import MHAView, PoolView
 from ..vllm_layout import is_vllm_dict
-from ._import import import_flexkv
 from .checks import check_chunks, check_five_d
-from .groups import GroupPlan, layer_group_specs, plan_groups
+from .groups import plan_groups
 from .model import (
     LayoutFacts,
     ModelFacts,
@@ -51,23 +48,8 @@ from .model import (
     positive_int,
     registered_kv_heads,
 )
-
-
-class LayoutType(str, Enum):
-    """FlexKV's ``KVCacheLayoutType`` values."""
-
-    LAYERFIRST = "LAYERFIRST"
-    BLOCKFIRST = "BLOCKFIRST"
-    LAYERBLOCK = "LAYERBLOCK"
-
-
-class AddressingMode(str, Enum):
-    """FlexKV's GPU backend type, chosen by the number of registered tensors."""
-
-    SGLANG = "SGLANG"  # 2 * num_layer tensors
-    VLLM = "VLLM"  # num_layer tensors
-    TRTLLM = "TRTLLM"  # one block-first tensor
-
+from .plan_types import AddressingMode, FlexKVPlan, LayoutType
+from .vllm_plan import plan_vllm
 
 # Per-layer paged readings registered as they are (FlexKV's vLLM path), and the block-first one.
 _REGISTERED_AS_IS = {
@@ -77,87 +59,6 @@ _REGISTERED_AS_IS = {
     (True, parse_axes("P T H D")): (LayoutType.LAYERFIRST, AddressingMode.VLLM),
     (False, parse_axes("P L KV T H D")): (LayoutType.BLOCKFIRST, AddressingMode.TRTLLM),
 }
-
-
-@dataclass(frozen=True)
-class FlexKVPlan:
-    """Everything FlexKV needs to register a pool: layout fields and tensors in its order."""
-
-    type: LayoutType
-    mode: AddressingMode
-    num_layer: int
-    num_block: int
-    tokens_per_block: int
-    num_head: int
-    head_size: int
-    kv_dim: int
-    num_kv_heads: int
-    tensors: tuple[torch.Tensor, ...]
-    layer_ids: tuple[int, ...]
-    dtype: torch.dtype
-    kind: ViewKind  # what the tensors hold; kv_dim=1 is MLA or vLLM's packed [K | V] MHA cells
-    groups: tuple[GroupPlan, ...] = ()  # a pool offloaded whole: group 0 is this KV, then its planes (groups.py)
-
-    @property
-    def kv_shape(self) -> tuple[int, ...]:
-        """FlexKV's ``KVCacheLayout.kv_shape`` for this layout (elements)."""
-        lay, blk, kv = self.num_layer, self.num_block, self.kv_dim
-        tail = (self.tokens_per_block, self.num_head, self.head_size)
-        return {
-            LayoutType.LAYERFIRST: (lay, kv, blk, *tail),
-            LayoutType.BLOCKFIRST: (blk, lay, kv, *tail),
-            LayoutType.LAYERBLOCK: (lay, blk, kv, *tail),
-        }[self.type]
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one (layer, kv, block) chunk: tokens_per_block * heads * head_size * itemsize."""
-        return self.tokens_per_block * self.num_head * self.head_size * self.dtype.itemsize
-
-    def strides(self) -> tuple[int, int, int]:
-        """(layer, block, kv) strides in bytes, from the layout (5-D tensors must match them: checks.py)."""
-        shape, item = self.kv_shape, self.dtype.itemsize
-        dims = {LayoutType.LAYERFIRST: (1, 3, 2), LayoutType.BLOCKFIRST: (2, 1, 3), LayoutType.LAYERBLOCK: (1, 2, 3)}
-        layer, block, kv = (prod(shape[d:]) * item for d in dims[self.type])
-        return layer, block, kv
-
-    def address(self, layer: int, kv: int, block: int) -> int:
-        """The address FlexKV's worker reads for (layer, kv, block): its reference model."""
-        layer_stride, block_stride, kv_stride = self.strides()
-        if self.mode is AddressingMode.SGLANG:
-            return self.tensors[kv * self.num_layer + layer].data_ptr() + block * block_stride
-        if self.mode is AddressingMode.VLLM:
-            return self.tensors[layer].data_ptr() + kv * kv_stride + block * block_stride
-        return self.tensors[0].data_ptr() + block * block_stride + layer * layer_stride + kv * kv_stride
-
-    def layout_fields(self) -> dict[str, Any]:
-        """Keyword arguments of FlexKV's ``KVCacheLayout``."""
-        return {
-            "type": self.type.value,
-            "num_layer": self.num_layer,
-            "num_block": self.num_block,
-            "tokens_per_block": self.tokens_per_block,
-            "num_head": self.num_head,
-            "head_size": self.head_size,
-            "kv_dim": self.kv_dim,
-            "num_kv_heads": self.num_kv_heads,
-        }
-
-    def to_flexkv(self) -> Any:
-        """Build ``flexkv.common.storage.KVCacheLayout`` (needs FlexKV)."""
-        storage = import_flexkv("flexkv.common.storage")
-        fields = self.layout_fields()
-        fields["type"] = storage.KVCacheLayoutType[self.type.value]
-        return storage.KVCacheLayout(**fields)
-
-    def flexkv_layer_groups(self) -> list[Any]:
-        """FlexKV's ``LayerGroupSpec`` list the ``ModelConfig`` must carry (needs FlexKV; [] for one group)."""
-        return layer_group_specs(self)
-
-    def __str__(self) -> str:
-        fields = ", ".join(f"{k}={v}" for k, v in self.layout_fields().items())
-        extra = f", layer groups {[g.name for g in self.groups]}" if self.groups else ""
-        return f"FlexKV {self.mode.value} mode, {len(self.tensors)} tensors, KVCacheLayout({fields}){extra}"
 
 
 def _boundary(
@@ -175,10 +76,13 @@ def _boundary(
         raise PlanError(f"tp_size={tp} contradicts model_config.tp_size={model.tp_size}")
     total = positive_int(total_kv_heads, "total_kv_heads") if total_kv_heads is not None else None
     if model_dtype is not None and not isinstance(model_dtype, torch.dtype):
-        raise PlanError(f"model_dtype must be a torch.dtype (e.g. torch.bfloat16), got {model_dtype!r}")
+        raise PlanError(f"model_dtype must be a torch.dtype (e.g. torch.bfloat16), got {short_repr(model_dtype)}")
     if model is not None and model_dtype is not None and model_dtype != model.dtype:
         raise PlanError(f"model_dtype={model_dtype} contradicts model_config.dtype={model.dtype}")
     return tp, total, model_dtype, model
+
+
+__all__ = ["AddressingMode", "FlexKVPlan", "LayoutType", "plan"]
 
 
 def plan(
@@ -218,8 +122,6 @@ def plan(
     extra: dict[str, Any] = dict(options)
     tp, total, model_dtype, model = _boundary(tp_size, total_kv_heads, model_dtype, model_config, extra)
     if not isinstance(source, PoolView) and "axes" not in options and is_vllm_dict(source):
-        from .vllm_plan import plan_vllm  # imports this module
-
         if ignored := sorted(set(options) - {"kind"}):
             raise PlanError(f"a vLLM 0.33 cache dict takes kind= and page_size= only; {ignored} would be ignored")
         return plan_vllm(

@@ -18,7 +18,7 @@ from .model import (
     positive_int,
     registered_kv_heads,
 )
-from .plan import AddressingMode, FlexKVPlan, LayoutType
+from .plan_types import AddressingMode, FlexKVPlan, LayoutType
 
 
 def plan_vllm(

@@ -1,0 +1,78 @@
+"""The one reader of integer metadata, for options and pool attributes alike.
+
+It accepts what ``operator.index`` accepts (``int``, numpy integers, 0-d integer tensors) and
+refuses bools of every kind (``bool``, ``numpy.bool_``, 0-d bool arrays and tensors: ``True`` is
+not a page size), floats, and values whose ``__index__`` raises or that have no value (meta
+tensors): each is an :class:`~flexkv_adapter.errors.AdapterError` naming the field, never a raw
+exception and never a silently ignored number.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import torch
+
+from .errors import AdapterError
+from .text import short_repr
+
+
+def _is_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return True
+    try:
+        dtype = getattr(value, "dtype", None)
+    except Exception:  # a hostile dtype property: not a bool we can see; operator.index decides
+        return False
+    return dtype is torch.bool or getattr(dtype, "kind", None) == "b"
+
+
+def looks_numeric(value: object) -> bool:
+    """A number of any kind (so pool metadata of that name must read as an integer), not an unrelated object."""
+    kind = type(value)
+    return (
+        isinstance(value, (numbers.Number, torch.Tensor))
+        or hasattr(kind, "__index__")
+        or kind.__module__.split(".")[0] == "numpy"
+    )
+
+
+def _index(value: object, what: str, error: type[AdapterError] = AdapterError) -> int | None:
+    """The integer, None if ``value`` is not one (bools included); AdapterError if reading it fails."""
+    if _is_bool(value):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise error(f"{what} is a meta tensor ({short_repr(value)}): it has a shape but no value")
+        if value.ndim != 0 or value.dtype.is_floating_point or value.dtype.is_complex:
+            return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    except Exception as exc:  # a raising __index__, a tensor without memory, ...
+        raise error(
+            f"{what}: reading {short_repr(value)} as an integer raised {type(exc).__name__}: {str(exc)[:120]}"
+        ) from None
+
+
+def read_integer(value: object, what: str, error: type[AdapterError] = AdapterError) -> int:
+    """``value`` as an int with ``operator.index`` semantics; anything else is ``error`` naming ``what``
+    (pool metadata: :class:`~flexkv_adapter.errors.InconsistentLayersError`)."""
+    number = _index(value, what, error)
+    if number is None:
+        kind = "an integer, not a bool" if _is_bool(value) else "an integer"
+        raise error(f"{what} must be {kind}, got {short_repr(value)}")
+    return number
+
+
+def bounded_integer(
+    value: object, what: str, minimum: int, maximum: int, error: type[AdapterError] = AdapterError
+) -> int:
+    """:func:`read_integer`, in ``minimum <= n < maximum``."""
+    number = _index(value, what, error)
+    if number is None or not minimum <= number < maximum:
+        wanted = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
+        raise error(f"{what} must be {wanted}, got {short_repr(value)}")
+    return number
