@@ -98,6 +98,9 @@ class AdapterSettings(BaseSettings):
     remote: Literal["engine", "external"] = "engine"
     remote_wait_s: PositiveFloat = 600.0
     remote_absent_s: PositiveFloat = 60.0
+    # "skip": requests with a LoRA (extra_key) or cache_salt bypass FlexKV; "shared": they use it by token ids
+    # alone, as SGLang does, and can hit another tenant's KV.
+    sglang_namespaced_requests: Literal["skip", "shared"] = "skip"
 
     @field_validator("master_host")
     @classmethod
