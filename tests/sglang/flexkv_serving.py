@@ -88,7 +88,11 @@ class DataKVManager:
         mask = np.zeros(len(token_ids), dtype=bool)
         mask[: cached * self.page] = True
         mask &= np.asarray(token_mask, dtype=bool)
-        pages = [p for i, p in enumerate(self._prefixes(token_ids)[:cached]) if mask[i * self.page : (i + 1) * self.page].any()]
+        pages = [
+            p
+            for i, p in enumerate(self._prefixes(token_ids)[:cached])
+            if mask[i * self.page : (i + 1) * self.page].any()
+        ]
         counts = [int(mask[len(p) - self.page : len(p)].sum()) for p in pages]
         fk.CALLS.append(("get_match", {"tokens": len(token_ids), "hit": int(mask.sum())}))
         return self._new(_Task("get", pages, counts, status="created" if pages else "success")), mask
@@ -176,7 +180,11 @@ class ServingFlexKVConnector(fk.OwnFlexKVConnector):
         )  # fmt: skip
         mc = self.rank_info.model_config
         self._sync_ctx = Comm(mc.attn_tp_size, self.rank_info.attn_tp_rank, attn_tp_group)
-        self.kv_manager = DataKVManager(mc, fk.CacheConfig(tokens_per_block=self.page_size)) if self._sync_ctx.is_sync_leader else None
+        self.kv_manager = (
+            DataKVManager(mc, fk.CacheConfig(tokens_per_block=self.page_size))
+            if self._sync_ctx.is_sync_leader
+            else None
+        )
         self.enable_layerwise = False
         self._pending_lookups: dict[str, int] = {}
         self._inflight_stores: dict[str, int] = {}
@@ -186,7 +194,9 @@ class ServingFlexKVConnector(fk.OwnFlexKVConnector):
         fk.CALLS.append(("lookup_kv", {"rid": rid, "sglang_req_id": sglang_req_id}))
         tid, hit = -1, 0
         if self._sync_ctx.is_sync_leader:
-            tid, mask = self.kv_manager.get_match(token_ids=np.asarray(token_ids, dtype=np.int64), token_mask=np.asarray(token_mask))
+            tid, mask = self.kv_manager.get_match(
+                token_ids=np.asarray(token_ids, dtype=np.int64), token_mask=np.asarray(token_mask)
+            )
             hit = int(mask.sum())
         if self._sync_ctx.needs_sync:
             payload = self._sync_ctx.scatter({"task_id": tid, "hit": hit}, channel="lookup")
@@ -304,4 +314,3 @@ def build_serving_tree(root: Path, connector: str = "ServingFlexKVConnector") ->
         f"from tests.sglang.flexkv_serving import {connector} as FlexKVConnector  # noqa: F401\n"
     )
     return root
-

@@ -31,10 +31,10 @@ def stub_cuda(monkeypatch: Any) -> None:
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
 
 
-def make_pool(kind: str, size: int = 256) -> Any:
+def make_pool(kind: str, size: int = 256, heads: int = 4) -> Any:
     if kind == "mha":
         pool = mp().MHATokenToKVPool(
-            size=size, page_size=PAGE, dtype=torch.bfloat16, head_num=4, head_dim=8, layer_num=3, **KW
+            size=size, page_size=PAGE, dtype=torch.bfloat16, head_num=heads, head_dim=8, layer_num=3, **KW
         )
         _fill(pool.k_buffer), _fill(pool.v_buffer, 100)
     else:
@@ -62,9 +62,11 @@ def write(pool: Any, slots: torch.Tensor, seed: int) -> None:
     buffers = list(pool.kv_buffer) if hasattr(pool, "kv_buffer") else [*pool.k_buffer, *pool.v_buffer]
     for t in buffers:
         rows = t[slots.long()]
-        t[slots.long()] = torch.randint(0, 255, rows.view(torch.uint8).shape, generator=gen, dtype=torch.uint8).view(
-            t.dtype
-        ).view(rows.shape)
+        t[slots.long()] = (
+            torch.randint(0, 255, rows.view(torch.uint8).shape, generator=gen, dtype=torch.uint8)
+            .view(t.dtype)
+            .view(rows.shape)
+        )
 
 
 def zero(pool: Any, slots: torch.Tensor) -> None:
@@ -77,7 +79,7 @@ class Rig:
     """One rank's FlexKVRadixCache as SGLang's factory builds it, over a real pool and allocator."""
 
     def __init__(self, monkeypatch: Any, model: Any, kind: str, tp_size: int = 1, tp_rank: int = 0,
-                 group: Any = None, pool: Any = None) -> None:  # fmt: skip
+                 group: Any = None, pool: Any = None, kvcache: Any = None) -> None:  # fmt: skip
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
@@ -85,7 +87,9 @@ class Rig:
         self.rc = importlib.import_module(RADIX)
         monkeypatch.setattr(self.rc, "get_spec", lambda: SimpleNamespace(speculative_eagle_topk=None))
         self.pool = pool if pool is not None else make_pool(kind)
-        self.alloc = PagedTokenToKVPoolAllocator(self.pool.size, PAGE, torch.bfloat16, "cpu", self.pool, False)
+        self.alloc = PagedTokenToKVPoolAllocator(
+            self.pool.size, PAGE, torch.bfloat16, "cpu", self.pool if kvcache is None else kvcache, False
+        )
         self.r2t = mp().ReqToTokenPool(size=8, max_context_len=256, **KW)
         params = CacheInitParams(
             disable=False, req_to_token_pool=self.r2t, token_to_kv_pool_allocator=self.alloc, page_size=PAGE

@@ -6,9 +6,8 @@ allocator, ReqToTokenPool, hook registry and plugin loader are SGLang's.
 
 from __future__ import annotations
 
-import logging
-
 import importlib
+import logging
 
 import pytest
 
@@ -62,7 +61,7 @@ def test_negative_control_a_registration_that_does_not_alias_the_pool_fails(sgla
     rig = Rig(monkeypatch, models["llama"], "mha")
     reg = fk.calls("register_to_server")[-1]
     reg["kv_caches"] = [t.clone() for t in reg["kv_caches"]]  # broken on purpose: copies, not the pool
-    req, expected, loaded, slots, _, _ = _served(rig)
+    _, expected, loaded, slots, _, _ = _served(rig)
     assert loaded == len(IDS) and read(rig.pool, slots) != expected
 
 
@@ -72,12 +71,11 @@ def test_a_pool_only_adapt_makes_acceptable_is_served(sglang_env, models, monkey
     sglang_env.use("serving")
     sglang_env.load()
     pool = mha_pool(size=256)
-    renamed = Renamed(pool)
-    renamed.size, renamed.layer_num = pool.size, pool.layer_num
-    rig = Rig(monkeypatch, models["llama"], "mha", pool=pool)
-    assert fk.calls("register_to_server")  # registered the adapted view of the pool
-    req, expected, loaded, slots, _, _ = _served(rig)
-    assert read(rig.pool, slots) == expected
+    rig = Rig(monkeypatch, models["llama"], "mha", pool=pool, kvcache=Renamed(pool))  # FlexKV alone refuses it
+    (reg,) = fk.calls("register_to_server")
+    assert reg["kv_caches"][0].data_ptr() == pool.k_buffer[0].data_ptr()
+    _, expected, loaded, slots, _, _ = _served(rig)
+    assert loaded == len(IDS) and read(rig.pool, slots) == expected
 
 
 def test_retry_with_a_new_attempt_loses_no_completion(sglang_env, models, monkeypatch):
@@ -159,7 +157,7 @@ def test_namespaced_requests_never_reach_flexkv(sglang_env, models, monkeypatch,
         rig.cache.check_hicache_events()
     rig.evict_all()
     lookups = len(fk.calls("lookup_kv"))
-    loaded, slots = rig.match_and_load(rig.request("t", IDS, prompt=40, allocate=False, **namespace))
+    _, slots = rig.match_and_load(rig.request("t", IDS, prompt=40, allocate=False, **namespace))
     assert slots is None and len(fk.calls("lookup_kv")) == lookups  # no lookup: no other namespace's KV
     stores = len(fk.calls("store_kv"))
     rig.finish(rig.request("t", IDS, prompt=40, seed=6, **namespace))
@@ -185,7 +183,9 @@ def test_without_the_opt_in_sglang_builds_its_in_tree_connector(sglang_env, plug
     assert not sglang_env.registry._hooks
     radix = importlib.import_module(RADIX)
     assert radix.FlexKVConnector is importlib.import_module(IN_TREE_MODULE).FlexKVConnector
-    assert radix.FlexKVConnector.__module__ == IN_TREE_MODULE and not hasattr(radix.FlexKVConnector.__init__, "__wrapped__")
+    assert radix.FlexKVConnector.__module__ == IN_TREE_MODULE and not hasattr(
+        radix.FlexKVConnector.__init__, "__wrapped__"
+    )
     assert not hasattr(radix.FlexKVRadixCache.match_prefix, "__wrapped__")
 
 
