@@ -26,10 +26,11 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "flexkv_adapter (SGLang plugin)"
 FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
+FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
 HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
 WORKING_FLEXKV = (
-    "FlexKV b70205e (SGLang's in-tree connector) or FlexKV 4e29961..34ab141 with its own connector "
-    "(flexkv.integration.sglang.connector, bridged by this plugin)"
+    "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
+    "connector (flexkv.integration.sglang.connector, bridged by this plugin)"
 )
 
 # Leading parameters (after self), in order, that SGLang 0.5.23's calls bind to; "rid" receives the key.
@@ -114,6 +115,12 @@ def resolve_connector() -> tuple[ConnectorShape, str]:
     try:
         module = importlib.import_module(FLEXKV_CONNECTOR_MODULE)
         shape = check_connector(module.FlexKVConnector)
+        if not hasattr(importlib.import_module(FLEXKV_COMM_MODULE).FlexKVScatterChannel, "STORE_START"):
+            raise AdapterError(
+                "FlexKV's own connector predates FlexKV 94915c4 (#263, no STORE_START scatter channel): at TP > 1 its "
+                "non-leader ranks return -1 from store_kv and SGLang frees the slots while the host copy still reads "
+                f"them. Working FlexKV versions: {WORKING_FLEXKV}"
+            )
     except (ImportError, AttributeError) as exc:
         raise AdapterError(f"{skew} FlexKV's own connector cannot be used: {type(exc).__name__}: {exc}") from exc
     except AdapterError as exc:

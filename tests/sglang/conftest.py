@@ -143,9 +143,7 @@ def sglang_env(monkeypatch, tmp_path_factory):
     def use(shape):
         root = tmp_path_factory.getbasetemp() / f"flexkv-{shape}"
         if not root.exists():
-            serving.build_serving_tree(root, serving.TREES[shape]) if shape in serving.TREES else fk.build_tree(
-                root, shape
-            )
+            serving.build_serving_tree(root, shape) if shape in serving.TREES else fk.build_tree(root, shape)
         monkeypatch.syspath_prepend(str(root))
 
     def load(plugins_env="flexkv_adapter", **env):

@@ -19,6 +19,7 @@ SSD/remote tier) and SWA slot mappings are left out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -304,13 +305,32 @@ class Drifted(ServingFlexKVConnector):
         raise AssertionError("never bridged")
 
 
-TREES = {"serving": "ServingFlexKVConnector", "drifted": "Drifted"}
+class FlexKVScatterChannel(str, Enum):
+    """FlexKV's scatter channels (comm.py); STORE_START came with the store-ownership fix (#263, 94915c4)."""
+
+    LOOKUP = "lookup"
+    STORE_START = "store_start"
+    STORE_COMPLETION = "store_completion"
 
 
-def build_serving_tree(root: Path, connector: str = "ServingFlexKVConnector") -> Path:
-    """The ``current`` stand-in tree, with FlexKV's own connector replaced by ``connector`` of this module."""
+class Pre263Channels(str, Enum):
+    LOOKUP = "lookup"
+    STORE_COMPLETION = "store_completion"
+
+
+# tree name -> (FlexKV's own connector, its scatter channels)
+TREES = {
+    "serving": ("ServingFlexKVConnector", "FlexKVScatterChannel"),
+    "drifted": ("Drifted", "FlexKVScatterChannel"),
+    "pre263": ("ServingFlexKVConnector", "Pre263Channels"),
+}
+
+
+def build_serving_tree(root: Path, shape: str = "serving") -> Path:
+    """The ``current`` stand-in tree, with FlexKV's own connector and comm module taken from this module."""
+    connector, channels = TREES[shape]
     fk.build_tree(root, "current")
-    (root / "flexkv/integration/sglang/connector.py").write_text(
-        f"from tests.sglang.flexkv_serving import {connector} as FlexKVConnector  # noqa: F401\n"
-    )
+    sglang = root / "flexkv/integration/sglang"
+    (sglang / "connector.py").write_text(f"from tests.sglang.flexkv_serving import {connector} as FlexKVConnector\n")
+    (sglang / "comm.py").write_text(f"from tests.sglang.flexkv_serving import {channels} as FlexKVScatterChannel\n")
     return root

@@ -124,6 +124,14 @@ def test_a_flexkv_whose_connector_changed_is_refused_naming_the_method(sglang_en
     assert not fk.calls("register_to_server") and not fk.calls("KVManager")
 
 
+def test_flexkv_connector_before_the_ownership_fix_is_refused(sglang_env, models, monkeypatch):
+    sglang_env.use("pre263")
+    sglang_env.load()
+    with pytest.raises(AdapterError, match=r"predates FlexKV 94915c4 \(#263"):
+        Rig(monkeypatch, models["llama"], "mha")
+    assert not fk.calls("register_to_server")
+
+
 def test_dsa_pool_is_refused_for_flexkv_own_connector_naming_the_indexer(sglang_env, models, monkeypatch):
     from .connectors import build
     from .test_sglang_pools import DSA_ARGS, mp
