@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "flexkv_adapter (SGLang plugin)"
 FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
 FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
+LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"
 HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
 WORKING_FLEXKV = (
     "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
@@ -103,8 +105,13 @@ def _params(cls: type, name: str) -> Any:
     return inspect.signature(inspect.getattr_static(cls, name)).parameters
 
 
-def resolve_connector() -> tuple[ConnectorShape, str]:
+def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
     """FlexKV's connector if the in-tree one is skewed and FlexKV's answers SGLang; else the refusal."""
+    if environ.get(LAYERWISE_ENV, "0").strip() not in ("", "0"):
+        raise AdapterError(
+            f"{LAYERWISE_ENV}={environ[LAYERWISE_ENV]}: SGLang's layerwise FlexKV path (synthetic per-process "
+            f"handles, start_load_kv_layerwise) is not proven through the bridge; unset it to serve synchronously"
+        )
     api = installed_flexkv_api()
     skew = skew_error(api)
     if skew is None:

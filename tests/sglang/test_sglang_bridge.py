@@ -132,6 +132,14 @@ def test_flexkv_connector_before_the_ownership_fix_is_refused(sglang_env, models
     assert not fk.calls("register_to_server")
 
 
+def test_layerwise_mode_is_refused_as_unproven(sglang_env, models, monkeypatch):
+    sglang_env.use("serving")
+    sglang_env.load(FLEXKV_ENABLE_LAYERWISE_TRANSFER="1")
+    with pytest.raises(AdapterError, match="FLEXKV_ENABLE_LAYERWISE_TRANSFER=1: SGLang's layerwise FlexKV path"):
+        Rig(monkeypatch, models["llama"], "mha")
+    assert not fk.calls("register_to_server")
+
+
 def test_dsa_pool_is_refused_for_flexkv_own_connector_naming_the_indexer(sglang_env, models, monkeypatch):
     from .connectors import build
     from .test_sglang_pools import DSA_ARGS, mp
