@@ -129,9 +129,9 @@ def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
                 f"them. Working FlexKV versions: {WORKING_FLEXKV}"
             )
     except (ImportError, AttributeError) as exc:
-        raise AdapterError(f"{skew} FlexKV's own connector cannot be used: {type(exc).__name__}: {exc}") from exc
+        raise AdapterError(f"{skew}. FlexKV's own connector cannot be used: {type(exc).__name__}: {exc}") from exc
     except AdapterError as exc:
-        raise AdapterError(f"{skew} {exc}") from exc
+        raise AdapterError(f"{skew}. {exc}") from exc
     return shape, "; ".join(api.in_tree_mismatches())
 
 
