@@ -74,9 +74,15 @@ class NarrowInit(Good):
     def __init__(self, *, sgl_model_config, server_args, page_size, kvcache): ...
 
 
+class WiderInit(Good):
+    def __init__(self, *, sgl_model_config, server_args, page_size, kvcache, tp_rank, dp_rank, pp_rank,
+                 attn_cp_rank, world_group, pp_group=None, attn_tp_group=None, attn_cp_group=None): ...  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("cls", "match"),
     [
+        (WiderInit, r"__init__\(\) requires \['world_group'\]"),
         (NoRetrieve, r"retrieve_kv\(\) is missing"),
         (HandleKeyword, r"lookup_kv\(\) takes \(token_ids, token_mask, handle\)"),
         (NewRequired, r"store_kv\(\) requires \['namespace'\]"),

@@ -92,6 +92,11 @@ def check_connector(cls: type) -> ConnectorShape:
         missing = [k for k in INIT_KEYWORDS if k not in init]
         if missing:
             problems.append(f"__init__() does not take {missing}")
+    required = [
+        n for n, p in list(init.items())[1:] if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if extra := [n for n in required if n not in INIT_KEYWORDS]:
+        problems.append(f"__init__() requires {extra}, which SGLang does not pass")
     if problems:
         raise AdapterError(
             f"FlexKV's own SGLang connector ({cls.__module__}.{cls.__qualname__}) does not answer every call "
