@@ -10,22 +10,15 @@ Only what needs a GPU or FlexKV's compiled extension is replaced: ``KVManager`` 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-import signal
-import sys
-import types
 from pathlib import Path
 
 import pytest
-import torch
 
 from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
 
-from . import flexkv_standin as fk
-from .flexkv_serving import DataKVManager
 from .radix_harness import Rig, read
+from .real_flexkv import prepare, replace_gpu_parts
 from .test_sglang_bridge import IDS, _served
 
 SOURCE = os.environ.get("FLEXKV_SOURCE", "")
@@ -35,62 +28,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class _Anything(types.ModuleType):
-    """A compiled or GPU-only module: any name is a class that accepts anything."""
-
-    def __getattr__(self, name: str) -> type:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return type(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None})
-
-
-def _nvtx() -> types.ModuleType:
-    module = types.ModuleType("nvtx")
-    module.annotate = lambda *a, **k: a[0] if a and callable(a[0]) else _NoRange()  # type: ignore[attr-defined]
-    return module
-
-
-class _NoRange:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def __call__(self, fn):
-        return fn
-
-
-def _expiring_dict() -> types.ModuleType:
-    module = types.ModuleType("expiring_dict")
-    module.ExpiringDict = type("ExpiringDict", (dict,), {"__init__": lambda self, *a, **k: dict.__init__(self)})  # type: ignore[attr-defined]
-    return module
-
-
-class _Client:
-    """KVTPClient: records what this rank registers (the data plane copies from it)."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def register_to_server(self, kv_caches, kv_layout, override_device_id=None, **kwargs):
-        fk.CALLS.append(("register_to_server", dict(kv_caches=list(kv_caches), kv_layout=kv_layout, **kwargs)))
-
-
 @pytest.fixture
 def real_flexkv(sglang_env, monkeypatch):
-    monkeypatch.syspath_prepend(SOURCE)
-    monkeypatch.setitem(sys.modules, "flexkv.c_ext", _Anything("flexkv.c_ext"))
-    for name, make in (("nvtx", _nvtx), ("expiring_dict", _expiring_dict)):
-        if importlib.util.find_spec(name) is None:
-            monkeypatch.setitem(sys.modules, name, make())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the connector ignores SIGINT for the process
+    prepare(monkeypatch, SOURCE)
     sglang_env.load()
-    connector = importlib.import_module("flexkv.integration.sglang.connector")
-    monkeypatch.setattr(connector, "KVManager", DataKVManager)
-    monkeypatch.setattr(connector, "KVTPClient", _Client)
-    return connector
+    return replace_gpu_parts(monkeypatch)
 
 
 @pytest.mark.parametrize("kind", ["mha", "mla"])

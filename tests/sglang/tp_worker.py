@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
@@ -23,7 +24,7 @@ def _poll_until_done(rig: Any, limit: int = 4) -> int:
     return limit
 
 
-def scenario(rank: int, config_dir: str) -> dict[str, Any]:
+def scenario(rank: int, config_dir: str, real: str = "") -> dict[str, Any]:
     import pytest
     from sglang.srt import plugins
     from sglang.srt.configs.model_config import ModelConfig
@@ -31,19 +32,25 @@ def scenario(rank: int, config_dir: str) -> dict[str, Any]:
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.runtime_context import get_parallel
 
-    from . import flexkv_standin as fk
     from .radix_harness import Rig, make_pool, read, zero
 
     get_parallel().override_permanently(world_group=SimpleNamespace(cpu_group=None), attn_dcp_size=1)
     os.environ["SGLANG_PLUGINS"] = "flexkv_adapter"
     HookRegistry.reset()
     plugins._plugins_loaded = False  # a forked rank loads the plugin itself, as every SGLang process does
-    plugins.load_plugins()
     monkeypatch = pytest.MonkeyPatch()
+    if real:
+        from .real_flexkv import prepare, replace_gpu_parts
+
+        prepare(monkeypatch, real)
+    plugins.load_plugins()
+    if real:
+        replace_gpu_parts(monkeypatch)
     group = dist.new_group([0, 1], backend="gloo")
     rig = Rig(monkeypatch, ModelConfig(model_path=config_dir), "mha", tp_size=2, tp_rank=rank, group=group,
               pool=make_pool("mha", heads=2))  # fmt: skip
-    out: dict[str, Any] = {"leader": rig.cache.flexkv_connector.connector._sync_ctx.is_sync_leader}
+    connector = rig.cache.flexkv_connector.connector
+    out: dict[str, Any] = {"leader": connector._sync_ctx.is_sync_leader, "file": inspect.getfile(type(connector))}
 
     first = rig.request("r1", IDS, prompt=40, seed=10 + rank)
     expected = read(rig.pool, first.slots)
@@ -51,6 +58,7 @@ def scenario(rank: int, config_dir: str) -> dict[str, Any]:
     retry = rig.request("r1", IDS[:32] + list(range(2000, 2016)), prompt=40, attempt=1, seed=20 + rank)
     rig.finish(retry)
     out["stored"] = sorted(h.attempt_id for h in rig.cache._inflight_store_nodes)  # store_kv returned >= 0
+    out["keys"] = sorted(rig.cache.flexkv_connector.connector._inflight_stores)  # FlexKV's own bookkeeping
     out["evicted_in_flight"] = rig.evict_all()  # polls once: still running, every rank keeps its slots
     out["ticks"] = _poll_until_done(rig)
     out["evicted"] = rig.evict_all()
@@ -68,18 +76,19 @@ def scenario(rank: int, config_dir: str) -> dict[str, Any]:
         out["mismatch"] = "none"
     except RuntimeError as exc:
         out["mismatch"] = str(exc)
-    out["keys"] = [kw["rid"] for kw in fk.calls("store_kv")]
+    dist.barrier()  # FlexKV's leader sends without waiting: stay until every rank has read
     monkeypatch.undo()
     return out
 
 
-def run(rank: int, rendezvous: str, tree: str, config_dir: str, queue: Any) -> None:
-    sys.path.insert(0, tree)
+def run(rank: int, rendezvous: str, tree: str, config_dir: str, queue: Any, real: str = "") -> None:
+    if not real:
+        sys.path.insert(0, tree)
     dist.init_process_group(
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
     try:
-        queue.put((rank, "ok", scenario(rank, config_dir)))
+        queue.put((rank, "ok", scenario(rank, config_dir, real)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
     finally:
