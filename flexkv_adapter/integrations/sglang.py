@@ -31,7 +31,7 @@ from ..hybrid import HybridPoolError
 from ..settings import AdapterSettings, load_settings
 from ..views import PoolView
 from .external_remote import ExternalRemote, wait_for_start_remote
-from .sglang_bridge import BridgeConnector
+from .sglang_bridge import PREFIX, BridgeConnector
 from .sglang_checks import (
     check_pool_kind,
     check_view,
@@ -52,7 +52,6 @@ FLEXKV_CONNECTOR = "flexkv.integration.sglang.connector.FlexKVConnector"
 IN_TREE_MODULE = IN_TREE_CONNECTOR.rsplit(".", 1)[0]
 RADIX_MODULE = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
 CREATE_PROCESS = "flexkv.transfer_manager.TransferManagerOnRemote.create_process"
-PREFIX = "flexkv_adapter (SGLang plugin)"
 
 
 def opted_in(environ: Any = os.environ) -> bool:

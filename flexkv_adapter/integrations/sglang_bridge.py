@@ -25,7 +25,7 @@ from .sglang_checks import installed_flexkv_api, skew_error
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "flexkv_adapter (SGLang plugin)"
+PREFIX = "flexkv_adapter (SGLang plugin)"  # every message of the SGLang plugin starts with it
 FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
 FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
 LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"

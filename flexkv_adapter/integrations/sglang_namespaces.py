@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from ..settings import AdapterSettings
+from .sglang_bridge import PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,9 @@ def register_namespace_hooks(registry: Any, hook_type: Any, settings: AdapterSet
     """AROUND hooks on FlexKVRadixCache's match and store paths, unless the setting shares namespaces."""
     if settings.sglang_namespaced_requests == "shared":
         logger.warning(
-            "flexkv_adapter (SGLang plugin): sglang_namespaced_requests=shared: requests with a LoRA or cache_salt "
-            "look up and store FlexKV KV by token ids alone and can hit another tenant's KV"
+            "%s: sglang_namespaced_requests=shared: requests with a LoRA or cache_salt look up and store FlexKV KV "
+            "by token ids alone and can hit another tenant's KV",
+            PREFIX,
         )
         return []
     registry.register(f"{RADIX_CLASS}.match_prefix", match_prefix, hook_type.AROUND)

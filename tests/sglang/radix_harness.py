@@ -79,7 +79,7 @@ class Rig:
     """One rank's FlexKVRadixCache as SGLang's factory builds it, over a real pool and allocator."""
 
     def __init__(self, monkeypatch: Any, model: Any, kind: str, tp_size: int = 1, tp_rank: int = 0,
-                 group: Any = None, pool: Any = None, kvcache: Any = None) -> None:  # fmt: skip
+                 group: Any = None, pool: Any = None, kvcache: Any = None, page: int = PAGE) -> None:  # fmt: skip
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
@@ -88,11 +88,11 @@ class Rig:
         monkeypatch.setattr(self.rc, "get_spec", lambda: SimpleNamespace(speculative_eagle_topk=None))
         self.pool = pool if pool is not None else make_pool(kind)
         self.alloc = PagedTokenToKVPoolAllocator(
-            self.pool.size, PAGE, torch.bfloat16, "cpu", self.pool if kvcache is None else kvcache, False
+            self.pool.size, page, torch.bfloat16, "cpu", self.pool if kvcache is None else kvcache, False
         )
         self.r2t = mp().ReqToTokenPool(size=8, max_context_len=256, **KW)
         params = CacheInitParams(
-            disable=False, req_to_token_pool=self.r2t, token_to_kv_pool_allocator=self.alloc, page_size=PAGE
+            disable=False, req_to_token_pool=self.r2t, token_to_kv_pool_allocator=self.alloc, page_size=page
         )
         self.cache = self.rc.FlexKVRadixCache(
             params=params, model_config=model, server_args=fk.ServerArgs(tp_size=tp_size), tp_rank=tp_rank,

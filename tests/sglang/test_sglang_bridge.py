@@ -147,8 +147,11 @@ def test_dsa_pool_is_refused_for_flexkv_own_connector_naming_the_indexer(sglang_
     sglang_env.use("serving")
     sglang_env.load()
     pool = mp().DSATokenToKVPool(**DSA_ARGS)
-    with pytest.raises(AdapterError, match="index_k_with_scale_buffer.*overwriting the following pages"):
+    refusal = "index_k_with_scale_buffer.*overwriting the following pages"
+    with pytest.raises(AdapterError, match=refusal):  # built directly
         build(pool, models["deepseek"], module="flexkv.integration.sglang.connector", page_size=64)
+    with pytest.raises(AdapterError, match=refusal):  # bridged, through SGLang's radix cache
+        Rig(monkeypatch, models["deepseek"], "mla", pool=pool, page=64)
     assert not fk.calls("register_to_server")
 
 
