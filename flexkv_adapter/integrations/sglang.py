@@ -6,8 +6,15 @@ installed:
 
 * a BEFORE hook on ``__init__`` of SGLang's in-tree ``FlexKVConnector`` and of FlexKV's own: the
   ``kvcache`` argument is replaced by ``adapt(kvcache, page_size=..., kind=<from the model>)``
-  after the checks in :mod:`.sglang_checks`; a refusal raises at engine start, prefixed with what
-  the plugin was doing;
+  after the checks in :mod:`.sglang_checks` (and, for FlexKV's own, :mod:`.sglang_refusals`); a
+  refusal raises at engine start, prefixed with what the plugin was doing;
+* when both connectors exist and SGLang has ``FlexKVRadixCache``: a class REPLACE of the in-tree
+  ``FlexKVConnector`` (the name ``flexkv_radix_cache.py:45`` imports and ``:99`` builds) by
+  :class:`.sglang_bridge.BridgeConnector`, which serves with FlexKV's own connector, translating
+  ``handle=`` (``:204``, ``:250``, ``:425``, positional elsewhere) and ``check_completed_stores``
+  (``:468``); the in-tree ``__init__`` hook is then not registered;
+* AROUND hooks on ``FlexKVRadixCache.match_prefix`` (``:156``) and ``.checkpoint`` (``:382``):
+  requests with a LoRA or cache_salt bypass FlexKV (:mod:`.sglang_namespaces`);
 * with ``remote: external``, a replacement of ``TransferManagerOnRemote.create_process`` that waits
   for ``scripts/start_remote.py`` instead of spawning a second remote (:mod:`.external_remote`).
 
