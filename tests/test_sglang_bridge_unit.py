@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from flexkv_adapter import AdapterError
 from flexkv_adapter.integrations.sglang_bridge import BridgeConnector, check_connector, handle_key
 from flexkv_adapter.integrations.sglang_namespaces import namespaced
-from flexkv_adapter.integrations.sglang_refusals import own_connector_refusal
+from flexkv_adapter.integrations.sglang_refusals import bridge_topology_refusal, own_connector_refusal
 
 
 @dataclass(frozen=True)
@@ -114,3 +114,18 @@ def test_indexer_pools_and_dcp_are_refused_for_flexkv_own_connector():
 )
 def test_namespaced(obj, expected):
     assert namespaced(obj) is expected
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"pp_size": 2}, "pp_size=2, attn_cp_size=1"),
+        ({"attn_cp_size": 2}, "pp_size=1, attn_cp_size=2"),
+        ({"enable_dp_attention": True, "dp_size": 2}, "dp_rank=None"),
+        ({"enable_dp_attention": False, "dp_size": 2, "tp_size": 2}, None),
+        ({}, None),
+    ],
+)
+def test_the_bridge_serves_tensor_parallelism_only(args, match):
+    refusal = bridge_topology_refusal(SimpleNamespace(**args))
+    assert (refusal is None) if match is None else (match in str(refusal))

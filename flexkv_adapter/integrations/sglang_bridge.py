@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import AdapterError
 from .sglang_checks import installed_flexkv_api, skew_error
+from .sglang_refusals import bridge_topology_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,8 @@ class BridgeConnector:
 
     def __init__(self, **kwargs: Any) -> None:
         try:
+            if (refusal := bridge_topology_refusal(kwargs.get("server_args"))) is not None:
+                raise refusal
             shape, why = resolve_connector()
         except AdapterError as exc:
             raise AdapterError(f"{PREFIX}, choosing the connector for FlexKVRadixCache: {exc}") from exc

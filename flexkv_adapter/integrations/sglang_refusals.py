@@ -27,3 +27,26 @@ def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
             f"connector keys and copies whole pages per rank, which is unproven. Run with dcp_size=1"
         )
     return None
+
+
+def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
+    """Topologies the bridge has not been proven at: pipeline or attention context parallelism, and
+    DP attention, where SGLang 0.5.23's FlexKV factory passes ``dp_rank=None`` (every DP rank would
+    register with FlexKV as DP client 0)."""
+
+    def size(name: str) -> int:
+        value = getattr(server_args, name, 1)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
+    if size("pp_size") > 1 or size("attn_cp_size") > 1:
+        return AdapterError(
+            f"pp_size={size('pp_size')}, attn_cp_size={size('attn_cp_size')}: serving FlexKVRadixCache through "
+            f"FlexKV's own connector is proven at tensor parallelism only (TP 1 and 2); run with pp_size=1 and "
+            f"attn_cp_size=1"
+        )
+    if getattr(server_args, "enable_dp_attention", False) and size("dp_size") > 1:
+        return AdapterError(
+            f"DP attention with dp_size={size('dp_size')}: SGLang 0.5.23's FlexKV radix-cache factory passes "
+            f"dp_rank=None, so every DP rank would register with FlexKV as DP client 0; run without DP attention"
+        )
+    return None

@@ -140,6 +140,17 @@ def test_layerwise_mode_is_refused_as_unproven(sglang_env, models, monkeypatch):
     assert not fk.calls("register_to_server")
 
 
+@pytest.mark.parametrize("server", [{"pp_size": 2}, {"enable_dp_attention": True, "dp_size": 2}])
+def test_unproven_topologies_are_refused_by_the_bridge(sglang_env, models, server):
+    from .connectors import build, mha_pool
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    with pytest.raises(AdapterError, match="choosing the connector for FlexKVRadixCache: (pp_size=2|DP attention)"):
+        build(mha_pool(), models["llama"], **server)  # what FlexKVRadixCache builds: the bridge
+    assert not fk.calls("register_to_server")
+
+
 def test_dsa_pool_is_refused_for_flexkv_own_connector_naming_the_indexer(sglang_env, models, monkeypatch):
     from .connectors import build
     from .test_sglang_pools import DSA_ARGS, mp
