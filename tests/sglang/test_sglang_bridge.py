@@ -18,6 +18,7 @@ from flexkv_adapter.integrations.sglang_bridge import BridgeConnector, handle_ke
 from . import flexkv_serving as serving
 from . import flexkv_standin as fk
 from .radix_harness import RADIX, Rig, read, zero
+from .test_sglang_remote import start_remote_standin  # noqa: F401 (a fixture)
 
 IDS = list(range(1000, 1048))  # three pages
 
@@ -225,3 +226,18 @@ def test_with_the_opt_in_the_radix_cache_builds_the_bridge(sglang_env):
     radix = importlib.import_module(RADIX)
     assert radix.FlexKVConnector is BridgeConnector is importlib.import_module(IN_TREE_MODULE).FlexKVConnector
     assert serving.ServingFlexKVConnector.__init__.__wrapped__  # the pool is adapted by the plugin's hook
+
+
+def test_remote_external_holds_through_the_bridge(sglang_env, models, start_remote_standin):  # noqa: F811
+    from flexkv_adapter.integrations.external_remote import ExternalRemote
+
+    from .connectors import build, mha_pool
+
+    start_remote_standin.tracker.set(start_remote_standin.State.WAITING_FOR_GPUS)
+    sglang_env.use("serving")
+    sglang_env.load(FLEXKV_ADAPTER_REMOTE="external", FLEXKV_ADAPTER_HEALTH_PORT=str(start_remote_standin.port))
+    bridge = build(mha_pool(), models["llama"], nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
+    assert isinstance(bridge, BridgeConnector) and isinstance(bridge._remote_process, ExternalRemote)
+    assert not fk.calls("create_process")
+    bridge.shutdown()  # passed through to FlexKV's connector
+    assert bridge._remote_process is None
