@@ -109,6 +109,9 @@ class AdapterSettings(BaseSettings):
     remote: Literal["engine", "external"] = "engine"
     remote_wait_s: Seconds = 600.0
     remote_absent_s: Seconds = 60.0
+    # "skip": requests with a LoRA (extra_key) or cache_salt bypass FlexKV; "shared": they use it by token ids
+    # alone, as SGLang does, and can hit another tenant's KV.
+    sglang_namespaced_requests: Literal["skip", "shared"] = "skip"
 
     # vLLM plugin: the longest reset_cache() waits for FlexKV transfers in flight before FlexKV's reset.
     reset_wait_s: Seconds = 30.0

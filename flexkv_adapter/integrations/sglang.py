@@ -6,8 +6,15 @@ installed:
 
 * a BEFORE hook on ``__init__`` of SGLang's in-tree ``FlexKVConnector`` and of FlexKV's own: the
   ``kvcache`` argument is replaced by ``adapt(kvcache, page_size=..., kind=<from the model>)``
-  after the checks in :mod:`.sglang_checks`; a refusal raises at engine start, prefixed with what
-  the plugin was doing;
+  after the checks in :mod:`.sglang_checks` (and, for FlexKV's own, :mod:`.sglang_refusals`); a
+  refusal raises at engine start, prefixed with what the plugin was doing;
+* when both connectors exist and SGLang has ``FlexKVRadixCache``: a class REPLACE of the in-tree
+  ``FlexKVConnector`` (the name ``flexkv_radix_cache.py:45`` imports and ``:99`` builds) by
+  :class:`.sglang_bridge.BridgeConnector`, which serves with FlexKV's own connector, translating
+  ``handle=`` (``:204``, ``:250``, ``:425``, positional elsewhere) and ``check_completed_stores``
+  (``:468``); the in-tree ``__init__`` hook is then not registered;
+* AROUND hooks on ``FlexKVRadixCache.match_prefix`` (``:156``) and ``.checkpoint`` (``:382``):
+  requests with a LoRA or cache_salt bypass FlexKV (:mod:`.sglang_namespaces`);
 * with ``remote: external``, a replacement of ``TransferManagerOnRemote.create_process`` that waits
   for ``scripts/start_remote.py`` instead of spawning a second remote (:mod:`.external_remote`).
 
@@ -31,6 +38,7 @@ from ..hybrid import HybridPoolError
 from ..settings import AdapterSettings, load_settings
 from ..views import PoolView
 from .external_remote import ExternalRemote, wait_for_start_remote
+from .sglang_bridge import PREFIX, BridgeConnector
 from .sglang_checks import (
     check_pool_kind,
     check_view,
@@ -39,6 +47,8 @@ from .sglang_checks import (
     installed_flexkv_api,
     skew_error,
 )
+from .sglang_namespaces import register_namespace_hooks
+from .sglang_refusals import own_connector_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +57,8 @@ OPT_IN_ENV = "FLEXKV_ADAPTER_SGLANG"
 IN_TREE_CONNECTOR = "sglang.srt.mem_cache.storage.flexkv.flexkv_connector.FlexKVConnector"
 FLEXKV_CONNECTOR = "flexkv.integration.sglang.connector.FlexKVConnector"
 IN_TREE_MODULE = IN_TREE_CONNECTOR.rsplit(".", 1)[0]
+RADIX_MODULE = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
 CREATE_PROCESS = "flexkv.transfer_manager.TransferManagerOnRemote.create_process"
-PREFIX = "flexkv_adapter (SGLang plugin)"
 
 
 def opted_in(environ: Any = os.environ) -> bool:
@@ -89,7 +99,7 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
     doing = f"adapting the KV pool for {connector}"
     try:
         api = installed_flexkv_api()
-        error = skew_error(api) if in_tree else None
+        error = skew_error(api) if in_tree else own_connector_refusal(kwargs.get("kvcache"), kwargs.get("server_args"))
         if error is not None:
             raise error
         missing = [k for k in ("kvcache", "sgl_model_config", "server_args", "page_size") if k not in kwargs]
@@ -173,9 +183,16 @@ def install() -> None:
         for target in connectors:
             HookRegistry.register(f"{target}.__init__", _refuse_settings(exc), HookType.BEFORE)
         return
+    hooked = []
+    if len(connectors) == 2 and module_exists(RADIX_MODULE):  # SGLang's radix cache may need FlexKV's connector
+        HookRegistry.register(IN_TREE_CONNECTOR, BridgeConnector, HookType.REPLACE)
+        hooked.append(f"{IN_TREE_CONNECTOR} (bridged to FlexKV's own connector where the in-tree one is skewed)")
+        connectors.remove(IN_TREE_CONNECTOR)
     for target in connectors:
         HookRegistry.register(f"{target}.__init__", _before_init(settings, target), HookType.BEFORE)
-    hooked = [f"{t}.__init__" for t in connectors]
+    hooked += [f"{t}.__init__" for t in connectors]
+    if module_exists(RADIX_MODULE):
+        hooked += register_namespace_hooks(HookRegistry, HookType, settings)
     if settings.remote == "external" and module_exists(CREATE_PROCESS.rsplit(".", 2)[0]):
         HookRegistry.register(CREATE_PROCESS, _create_process(settings), HookType.REPLACE)
         hooked.append(f"{CREATE_PROCESS} (remote: external)")

@@ -26,8 +26,8 @@ from ..views import PoolView
 FIX_SKEW = (
     "Fix: pin FlexKV to b70205e (the last commit this connector works with: "
     "pip install 'git+https://github.com/taco-project/FlexKV@b70205e'), or use a SGLang release that "
-    "imports FlexKV's own connector (flexkv.integration.sglang.connector). The plugin does not swap in FlexKV's "
-    "connector: it takes request ids (rid: str) where this SGLang's radix cache passes CacheRequestHandle objects"
+    "imports FlexKV's own connector (flexkv.integration.sglang.connector). With FlexKV 94915c4 or later the plugin "
+    "serves this SGLang's radix cache through FlexKV's own connector instead, when that connector answers its calls"
 )
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
 
+from . import flexkv_serving as serving
 from . import flexkv_standin as fk
 
 try:
@@ -103,15 +104,22 @@ def models(tmp_path_factory):
 # Hooks patch these stand-in classes in place (the in-tree connector is re-imported instead).
 _ORIGINALS = [
     (c, n, c.__dict__[n])
-    for c, n in ((fk.OwnFlexKVConnector, "__init__"), (fk.TransferManagerOnRemote, "create_process"))
+    for c, n in (
+        (fk.OwnFlexKVConnector, "__init__"),
+        (fk.TransferManagerOnRemote, "create_process"),
+        (serving.ServingFlexKVConnector, "__init__"),
+    )
 ]
+_RADIX_PACKAGE = "sglang.srt.mem_cache.storage.flexkv."  # the radix cache is re-imported: hooks patch it
 
 
 def _purge():
     for cls, name, raw in _ORIGINALS:
         setattr(cls, name, raw)
+    if "__init__" in vars(serving.Drifted):  # a hook set it on the subclass
+        del serving.Drifted.__init__
     for name in list(sys.modules):
-        if name == "flexkv" or name.startswith("flexkv.") or name.startswith(IN_TREE_MODULE):
+        if name == "flexkv" or name.startswith(("flexkv.", IN_TREE_MODULE, _RADIX_PACKAGE)):
             del sys.modules[name]
 
 
@@ -135,7 +143,7 @@ def sglang_env(monkeypatch, tmp_path_factory):
     def use(shape):
         root = tmp_path_factory.getbasetemp() / f"flexkv-{shape}"
         if not root.exists():
-            fk.build_tree(root, shape)
+            serving.build_serving_tree(root, shape) if shape in serving.TREES else fk.build_tree(root, shape)
         monkeypatch.syspath_prepend(str(root))
 
     def load(plugins_env="flexkv_adapter", **env):

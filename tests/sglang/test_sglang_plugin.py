@@ -20,10 +20,13 @@ from hypothesis import strategies as st
 from flexkv_adapter import AdapterError, InconsistentLayersError, SettingsError
 from flexkv_adapter.hybrid import HybridPoolError
 from flexkv_adapter.integrations.sglang import IN_TREE_CONNECTOR, IN_TREE_MODULE, module_exists
+from flexkv_adapter.integrations.sglang_namespaces import RADIX_CLASS
 
 from . import flexkv_standin as fk
 from .connectors import OWN_MODULE, Renamed, assert_registered_as_pool, build, mha_pool, mla_pool
 from .test_sglang_pools import DSA_ARGS, _hybrid_linear, _swa, mp
+
+NAMESPACE_HOOKS = {f"{RADIX_CLASS}.match_prefix", f"{RADIX_CLASS}.checkpoint"}
 
 # --- opt-in, discovery, no-op -----------------------------------------------------------------------
 
@@ -35,7 +38,7 @@ def test_entry_point_is_installed_and_loaded_by_sglang(sglang_env):
     assert ep.value == "flexkv_adapter.integrations.sglang:install" and ep.dist.name == "flexkv-adapter"
     sglang_env.use("old")
     sglang_env.load()
-    assert set(sglang_env.registry._hooks) == {f"{IN_TREE_CONNECTOR}.__init__"}
+    assert set(sglang_env.registry._hooks) == {f"{IN_TREE_CONNECTOR}.__init__", *NAMESPACE_HOOKS}
     assert hasattr(importlib.import_module(IN_TREE_MODULE).FlexKVConnector.__init__, "__wrapped__")
 
 
@@ -50,8 +53,9 @@ def test_opt_in_by_variable_when_every_plugin_loads(sglang_env):
     sglang_env.use("current")
     sglang_env.load(None, FLEXKV_ADAPTER_SGLANG="1")
     assert set(sglang_env.registry._hooks) == {
-        f"{IN_TREE_CONNECTOR}.__init__",
+        IN_TREE_CONNECTOR,  # replaced by the bridge to FlexKV's own connector (test_sglang_bridge)
         f"{OWN_MODULE}.FlexKVConnector.__init__",
+        *NAMESPACE_HOOKS,
     }
 
 

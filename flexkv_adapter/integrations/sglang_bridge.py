@@ -1,0 +1,219 @@
+"""SGLang 0.5.23's FlexKVRadixCache served by FlexKV's own connector (``flexkv.integration.sglang.connector``).
+
+SGLang's in-tree connector cannot register with current FlexKV, and FlexKV's own connector takes a
+string ``rid`` where the radix cache passes a ``CacheRequestHandle``. :class:`BridgeConnector` is
+what the radix cache builds instead of the in-tree class: it owns FlexKV's connector and passes
+``rid=<key of the handle>``. The key keeps ``attempt_id`` (disaggregated-prefill retries reuse
+``rid``) and is the same on every rank (FlexKV compares store keys across TP ranks).
+
+FlexKV's connector is checked before it is built, so a FlexKV that changes a method is refused
+by name instead of half-bridged. The pool is adapted by the plugin's hook on that connector's
+``__init__``, as when FlexKV's connector is built directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import AdapterError
+from .sglang_checks import installed_flexkv_api, skew_error
+from .sglang_refusals import bridge_topology_refusal
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "flexkv_adapter (SGLang plugin)"  # every message of the SGLang plugin starts with it
+FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
+FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
+LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"
+HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
+WORKING_FLEXKV = (
+    "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
+    "connector (flexkv.integration.sglang.connector, bridged by this plugin)"
+)
+
+# Leading parameters (after self), in order, that SGLang 0.5.23's calls bind to; "rid" receives the key.
+CALLS: dict[str, tuple[str, ...]] = {
+    "lookup_kv": ("token_ids", "token_mask", "rid"),
+    "store_kv": ("rid", "token_ids", "kv_indices"),
+    "retrieve_kv": ("rid", "slot_mapping"),
+    "start_load_kv_layerwise": ("rid", "slot_mapping"),
+    "release_pending": ("rid",),
+    "prefetch_async": ("rid", "token_ids"),
+    "check_prefetch_progress": ("rid",),
+    "cancel_prefetch": ("rid",),
+    "check_completed_stores": (),
+    "drain_launched_loads": (),
+    "register_layer_transfer_counter": ("kvcache",),
+    "reset": (),
+    "shutdown": (),
+}
+# What FlexKVRadixCache passes to the connector's constructor (all by keyword).
+INIT_KEYWORDS = (
+    "sgl_model_config", "server_args", "page_size", "kvcache", "tp_rank", "dp_rank", "pp_rank",
+    "attn_cp_rank", "pp_group", "attn_tp_group", "attn_cp_group",
+)  # fmt: skip
+
+
+def handle_key(handle: Any) -> str:
+    """FlexKV's ``rid`` for a ``CacheRequestHandle``: deterministic, injective (parsed from the right)."""
+    return f"{handle.rid}@attempt{int(handle.attempt_id)}"
+
+
+def _method_problem(cls: type, name: str, leading: tuple[str, ...]) -> str | None:
+    fn = inspect.getattr_static(cls, name, None)
+    if fn is None or not callable(fn):
+        return f"{name}() is missing"
+    params = list(inspect.signature(fn).parameters.values())[1:]  # without self
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if positional[: len(leading)] != list(leading):
+        return f"{name}() takes ({', '.join(positional)}) where ({', '.join(leading)}) is expected first"
+    required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = [n for n in required if n not in leading]
+    return f"{name}() requires {extra}, which SGLang does not pass" if extra else None
+
+
+@dataclass(frozen=True)
+class ConnectorShape:
+    """FlexKV's connector class, checked; which methods also take ``sglang_req_id`` (for FlexKV's logs)."""
+
+    cls: type
+    takes_req_id: frozenset[str]
+
+
+def check_connector(cls: type) -> ConnectorShape:
+    """Refuse, naming the method, a FlexKV connector that does not answer a call SGLang 0.5.23 makes."""
+    problems = [p for name, leading in CALLS.items() if (p := _method_problem(cls, name, leading))]
+    init = inspect.signature(inspect.getattr_static(cls, "__init__")).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in init.values()):
+        missing = [k for k in INIT_KEYWORDS if k not in init]
+        if missing:
+            problems.append(f"__init__() does not take {missing}")
+    required = [
+        n for n, p in list(init.items())[1:] if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if extra := [n for n in required if n not in INIT_KEYWORDS]:
+        problems.append(f"__init__() requires {extra}, which SGLang does not pass")
+    if problems:
+        raise AdapterError(
+            f"FlexKV's own SGLang connector ({cls.__module__}.{cls.__qualname__}) does not answer every call "
+            f"SGLang 0.5.23's FlexKVRadixCache makes: {'; '.join(problems)}. Working FlexKV versions: {WORKING_FLEXKV}"
+        )
+    takes = frozenset(n for n in ("lookup_kv", "store_kv", "prefetch_async") if "sglang_req_id" in _params(cls, n))
+    return ConnectorShape(cls, takes)
+
+
+def _params(cls: type, name: str) -> Any:
+    return inspect.signature(inspect.getattr_static(cls, name)).parameters
+
+
+def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
+    """FlexKV's connector if the in-tree one is skewed and FlexKV's answers SGLang; else the refusal."""
+    if environ.get(LAYERWISE_ENV, "0").strip() not in ("", "0"):
+        raise AdapterError(
+            f"{LAYERWISE_ENV}={environ[LAYERWISE_ENV]}: SGLang's layerwise FlexKV path (synthetic per-process "
+            f"handles, start_load_kv_layerwise) is not proven through the bridge; unset it to serve synchronously"
+        )
+    api = installed_flexkv_api()
+    skew = skew_error(api)
+    if skew is None:
+        raise AdapterError(
+            "the installed FlexKV matches SGLang's in-tree connector and also ships its own SGLang connector; "
+            f"this combination is unproven and not served. Working FlexKV versions: {WORKING_FLEXKV}"
+        )
+    try:
+        module = importlib.import_module(FLEXKV_CONNECTOR_MODULE)
+        shape = check_connector(module.FlexKVConnector)
+        if not hasattr(importlib.import_module(FLEXKV_COMM_MODULE).FlexKVScatterChannel, "STORE_START"):
+            raise AdapterError(
+                "FlexKV's own connector predates FlexKV 94915c4 (#263, no STORE_START scatter channel): at TP > 1 its "
+                "non-leader ranks return -1 from store_kv and SGLang frees the slots while the host copy still reads "
+                f"them. Working FlexKV versions: {WORKING_FLEXKV}"
+            )
+    except (ImportError, AttributeError) as exc:
+        raise AdapterError(f"{skew}. FlexKV's own connector cannot be used: {type(exc).__name__}: {exc}") from exc
+    except AdapterError as exc:
+        raise AdapterError(f"{skew}. {exc}") from exc
+    return shape, "; ".join(api.in_tree_mismatches())
+
+
+class BridgeConnector:
+    """SGLang's FlexKVRadixCache calls (``handle=``) translated to FlexKV's connector (``rid=``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        try:
+            if (refusal := bridge_topology_refusal(kwargs.get("server_args"))) is not None:
+                raise refusal
+            shape, why = resolve_connector()
+        except AdapterError as exc:
+            raise AdapterError(f"{PREFIX}, choosing the connector for FlexKVRadixCache: {exc}") from exc
+        logger.info(
+            "%s: FlexKVRadixCache is served by FlexKV's own connector (%s) through the handle bridge, because "
+            "SGLang's in-tree connector does not match the installed FlexKV: %s",
+            PREFIX, FLEXKV_CONNECTOR_MODULE, why,
+        )  # fmt: skip
+        self._takes_req_id = shape.takes_req_id
+        self._handle_type: Any = None  # SGLang's CacheRequestHandle, seen on the first call
+        self.connector = shape.cls(**kwargs)
+
+    @property
+    def enable_layerwise(self) -> bool:
+        return bool(self.connector.enable_layerwise)
+
+    def _key(self, handle: Any) -> str:
+        self._handle_type = type(handle)
+        return handle_key(handle)
+
+    def _req_id(self, method: str, handle: Any) -> dict[str, Any]:
+        return {"sglang_req_id": handle.rid} if method in self._takes_req_id else {}
+
+    def lookup_kv(self, token_ids: Any, token_mask: Any, handle: Any = None) -> Any:
+        if handle is None:
+            return self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=None)
+        extra = self._req_id("lookup_kv", handle)
+        return self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=self._key(handle), **extra)
+
+    def store_kv(self, handle: Any, token_ids: Any, kv_indices: Any) -> Any:
+        extra = self._req_id("store_kv", handle)
+        return self.connector.store_kv(rid=self._key(handle), token_ids=token_ids, kv_indices=kv_indices, **extra)
+
+    def retrieve_kv(self, handle: Any, slot_mapping: Any) -> Any:
+        return self.connector.retrieve_kv(self._key(handle), slot_mapping)
+
+    def start_load_kv_layerwise(self, handle: Any, slot_mapping: Any) -> Any:
+        return self.connector.start_load_kv_layerwise(handle_key(handle), slot_mapping)
+
+    def release_pending(self, handle: Any) -> None:
+        self.connector.release_pending(handle_key(handle))
+
+    def prefetch_async(self, handle: Any, token_ids: Any) -> Any:
+        return self.connector.prefetch_async(self._key(handle), token_ids, **self._req_id("prefetch_async", handle))
+
+    def check_prefetch_progress(self, handle: Any) -> Any:
+        return self.connector.check_prefetch_progress(handle_key(handle))
+
+    def cancel_prefetch(self, handle: Any) -> None:
+        self.connector.cancel_prefetch(handle_key(handle))
+
+    def check_completed_stores(self) -> list[Any]:
+        """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank)."""
+        return [self._handle(key) for key in self.connector.check_completed_stores()]
+
+    def _handle(self, key: str) -> Any:
+        """The handle the key was made from: equal to SGLang's (a frozen dataclass of rid, attempt_id)."""
+        rid, _, attempt = key.rpartition("@attempt")
+        handle_type = self._handle_type or importlib.import_module(HANDLE_MODULE).CacheRequestHandle
+        return handle_type(rid=rid, attempt_id=int(attempt))
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (drain_launched_loads, reset, shutdown, ...) is FlexKV's, unchanged."""
+        if name == "connector":
+            raise AttributeError(name)
+        return getattr(self.connector, name)
+
+
+__all__ = ["BridgeConnector", "ConnectorShape", "check_connector", "handle_key", "resolve_connector"]

@@ -1,0 +1,61 @@
+"""TP = 2: two processes, a real gloo group, SGLang's FlexKVRadixCache on each rank behind the bridge."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+
+import pytest
+
+from . import flexkv_serving as serving
+from . import tp_worker
+from .conftest import LLAMA
+from .test_sglang_bridge_real import SOURCE
+
+REAL = SOURCE if os.path.isdir(SOURCE) else ""
+
+
+def run_ranks(tmp_path, real=""):
+    tree = serving.build_serving_tree(tmp_path / "tree")
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(LLAMA))
+    ctx = mp.get_context("fork")  # SGLang is imported already: spawning would import it twice more
+    queue = ctx.Queue()
+    args = (str(tmp_path / "rdv"), str(tree), str(tmp_path / "llama"), queue, real)
+    procs = [ctx.Process(target=tp_worker.run, args=(rank, *args)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((rank, (status, value)) for rank, status, value in (queue.get(timeout=120) for _ in procs))
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def check(results):
+    for rank, (status, value) in results.items():
+        assert status == "ok", value
+        assert value["leader"] == (rank == 0)
+        assert value["stored"] == [0, 1]  # both attempts of r1: store_kv succeeded on both ranks
+        assert value["evicted_in_flight"] == 0 and value["ticks"] == 1 and value["evicted"] == 64
+        assert value["loaded"] == 48
+        assert value["keys"] == ["r1@attempt0", "r1@attempt1"]  # the same keys on both ranks
+    assert results[0][1]["exact"]  # the leader's data plane holds rank 0's registered tensors
+    assert results[0][1]["mismatch"] == "none"
+    assert "store-start rid mismatch: local='x@attempt1', leader='x@attempt0'" in results[1][1]["mismatch"]
+
+
+def test_both_ranks_store_complete_and_restore_with_retries(tmp_path):
+    check(run_ranks(tmp_path))
+
+
+@pytest.mark.skipif(not REAL, reason="set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
+def test_the_same_with_flexkv_real_connector(tmp_path):
+    results = run_ranks(tmp_path, REAL)
+    check(results)
+    assert all(value["file"].startswith(REAL) for _, value in results.values())

@@ -1,0 +1,95 @@
+"""One TP rank of SGLang's real FlexKVRadixCache behind the bridge (spawned process, real gloo group)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import traceback
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import torch.distributed as dist
+
+IDS = list(range(1000, 1048))
+
+
+def _poll_until_done(rig: Any, limit: int = 4) -> int:
+    """Scheduler ticks on every rank (check_completed_stores is a collective) until no store is in flight."""
+    for tick in range(limit):
+        if not rig.cache._inflight_store_nodes:
+            return tick
+        rig.cache.check_hicache_events()
+    return limit
+
+
+def scenario(rank: int, config_dir: str, real: str = "") -> dict[str, Any]:
+    import pytest
+    from sglang.srt import plugins
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.runtime_context import get_parallel
+
+    from .radix_harness import Rig, make_pool, read, zero
+
+    get_parallel().override_permanently(world_group=SimpleNamespace(cpu_group=None), attn_dcp_size=1)
+    os.environ["SGLANG_PLUGINS"] = "flexkv_adapter"
+    HookRegistry.reset()
+    plugins._plugins_loaded = False  # a forked rank loads the plugin itself, as every SGLang process does
+    monkeypatch = pytest.MonkeyPatch()
+    if real:
+        from .real_flexkv import prepare, replace_gpu_parts
+
+        prepare(monkeypatch, real)
+    plugins.load_plugins()
+    if real:
+        replace_gpu_parts(monkeypatch)
+    group = dist.new_group([0, 1], backend="gloo")
+    rig = Rig(monkeypatch, ModelConfig(model_path=config_dir), "mha", tp_size=2, tp_rank=rank, group=group,
+              pool=make_pool("mha", heads=2))  # fmt: skip
+    connector = rig.cache.flexkv_connector.connector
+    out: dict[str, Any] = {"leader": connector._sync_ctx.is_sync_leader, "file": inspect.getfile(type(connector))}
+
+    first = rig.request("r1", IDS, prompt=40, seed=10 + rank)
+    expected = read(rig.pool, first.slots)
+    rig.finish(first)
+    retry = rig.request("r1", IDS[:32] + list(range(2000, 2016)), prompt=40, attempt=1, seed=20 + rank)
+    rig.finish(retry)
+    out["stored"] = sorted(h.attempt_id for h in rig.cache._inflight_store_nodes)  # store_kv returned >= 0
+    out["keys"] = sorted(rig.cache.flexkv_connector.connector._inflight_stores)  # FlexKV's own bookkeeping
+    out["evicted_in_flight"] = rig.evict_all()  # polls once: still running, every rank keeps its slots
+    out["ticks"] = _poll_until_done(rig)
+    out["evicted"] = rig.evict_all()
+    zero(rig.pool, first.slots)
+    rig.alloc.alloc(len(IDS))
+    loaded, slots = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
+    out["loaded"] = loaded
+    out["exact"] = slots is not None and read(rig.pool, slots) == expected
+
+    # Keys that differ across ranks (a key of something rank-local) are refused by FlexKV: ours never differ.
+    try:
+        rig.cache.flexkv_connector.store_kv(
+            handle=CacheRequestHandle("x", rank), token_ids=IDS[:16], kv_indices=rig.alloc.alloc(16).int()
+        )
+        out["mismatch"] = "none"
+    except RuntimeError as exc:
+        out["mismatch"] = str(exc)
+    dist.barrier()  # FlexKV's leader sends without waiting: stay until every rank has read
+    monkeypatch.undo()
+    return out
+
+
+def run(rank: int, rendezvous: str, tree: str, config_dir: str, queue: Any, real: str = "") -> None:
+    if not real:
+        sys.path.insert(0, tree)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    try:
+        queue.put((rank, "ok", scenario(rank, config_dir, real)))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()

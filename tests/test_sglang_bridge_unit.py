@@ -1,0 +1,131 @@
+"""The SGLang bridge's pure parts: handle keys, FlexKV connector shape checks, refusals, namespaces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flexkv_adapter import AdapterError
+from flexkv_adapter.integrations.sglang_bridge import BridgeConnector, check_connector, handle_key
+from flexkv_adapter.integrations.sglang_namespaces import namespaced
+from flexkv_adapter.integrations.sglang_refusals import bridge_topology_refusal, own_connector_refusal
+
+
+@dataclass(frozen=True)
+class Handle:  # SGLang's CacheRequestHandle: a frozen dataclass of rid and attempt_id
+    rid: str
+    attempt_id: int
+
+
+@given(st.text(), st.integers(0, 2**31), st.text(), st.integers(0, 2**31))
+def test_keys_are_deterministic_and_injective(rid_a, att_a, rid_b, att_b):
+    a, b = Handle(rid_a, att_a), Handle(rid_b, att_b)
+    assert handle_key(a) == handle_key(Handle(rid_a, att_a))
+    assert (handle_key(a) == handle_key(b)) == (a == b)
+
+
+@given(st.text(), st.integers(0, 2**31))
+def test_completed_keys_map_back_to_equal_handles(rid, attempt):
+    bridge = BridgeConnector.__new__(BridgeConnector)
+    bridge._handle_type = Handle
+    bridge.connector = SimpleNamespace(check_completed_stores=lambda: [handle_key(Handle(rid, attempt))])
+    assert bridge.check_completed_stores() == [Handle(rid, attempt)]
+
+
+class Good:
+    def __init__(self, *, sgl_model_config, server_args, page_size, kvcache, tp_rank, dp_rank, pp_rank,
+                 attn_cp_rank, pp_group=None, attn_tp_group=None, attn_cp_group=None): ...  # fmt: skip
+    def lookup_kv(self, token_ids, token_mask, rid=None, sglang_req_id=None): ...
+    def store_kv(self, rid, token_ids, kv_indices, sglang_req_id=None): ...
+    def retrieve_kv(self, rid, slot_mapping): ...
+    def start_load_kv_layerwise(self, rid, slot_mapping): ...
+    def release_pending(self, rid): ...
+    def prefetch_async(self, rid, token_ids, sglang_req_id=None): ...
+    def check_prefetch_progress(self, rid): ...
+    def cancel_prefetch(self, rid): ...
+    def check_completed_stores(self): ...
+    def drain_launched_loads(self, threshold=100): ...
+    def register_layer_transfer_counter(self, kvcache): ...
+    def reset(self): ...
+    def shutdown(self): ...
+
+
+def test_a_connector_with_flexkv_34ab141_signatures_is_accepted():
+    assert check_connector(Good).takes_req_id == {"lookup_kv", "store_kv", "prefetch_async"}
+
+
+class NoRetrieve(Good):
+    retrieve_kv = None  # type: ignore[assignment]
+
+
+class HandleKeyword(Good):
+    def lookup_kv(self, token_ids, token_mask, handle=None): ...
+
+
+class NewRequired(Good):
+    def store_kv(self, rid, token_ids, kv_indices, namespace): ...
+
+
+class NarrowInit(Good):
+    def __init__(self, *, sgl_model_config, server_args, page_size, kvcache): ...
+
+
+class WiderInit(Good):
+    def __init__(self, *, sgl_model_config, server_args, page_size, kvcache, tp_rank, dp_rank, pp_rank,
+                 attn_cp_rank, world_group, pp_group=None, attn_tp_group=None, attn_cp_group=None): ...  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cls", "match"),
+    [
+        (WiderInit, r"__init__\(\) requires \['world_group'\]"),
+        (NoRetrieve, r"retrieve_kv\(\) is missing"),
+        (HandleKeyword, r"lookup_kv\(\) takes \(token_ids, token_mask, handle\)"),
+        (NewRequired, r"store_kv\(\) requires \['namespace'\]"),
+        (NarrowInit, r"__init__\(\) does not take \['tp_rank'"),
+    ],
+)
+def test_a_changed_connector_is_refused_naming_the_method(cls, match):
+    with pytest.raises(AdapterError, match=match):
+        check_connector(cls)
+
+
+def test_indexer_pools_and_dcp_are_refused_for_flexkv_own_connector():
+    pool = SimpleNamespace(index_k_with_scale_buffer=[object()])
+    assert "index_k_with_scale_buffer" in str(own_connector_refusal(pool, SimpleNamespace()))
+    assert "index_k_with_scale_buffer" in str(own_connector_refusal(SimpleNamespace(source=pool), None))
+    assert "dcp_size=2" in str(own_connector_refusal(SimpleNamespace(), SimpleNamespace(dcp_size=2)))
+    assert own_connector_refusal(SimpleNamespace(k_buffer=[]), SimpleNamespace(dcp_size=1)) is None
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (SimpleNamespace(extra_key=None, cache_salt=None), False),
+        (SimpleNamespace(extra_key="lora-1", cache_salt=None), True),
+        (SimpleNamespace(extra_key=None, cache_salt="salt"), True),
+        (SimpleNamespace(), False),
+        (None, False),
+    ],
+)
+def test_namespaced(obj, expected):
+    assert namespaced(obj) is expected
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"pp_size": 2}, "pp_size=2, attn_cp_size=1"),
+        ({"attn_cp_size": 2}, "pp_size=1, attn_cp_size=2"),
+        ({"enable_dp_attention": True, "dp_size": 2}, "dp_rank=None"),
+        ({"enable_dp_attention": False, "dp_size": 2, "tp_size": 2}, None),
+        ({}, None),
+    ],
+)
+def test_the_bridge_serves_tensor_parallelism_only(args, match):
+    refusal = bridge_topology_refusal(SimpleNamespace(**args))
+    assert (refusal is None) if match is None else (match in str(refusal))
