@@ -100,7 +100,6 @@ CASES = [
     ("hybrid-linear-dsa", lambda: _hybrid_linear(True, dsa=True), MLAView, [1, 3]),
     ("swa-mha", lambda: _swa(False), MHAView, [1, 4]),
     ("swa-mla", lambda: _swa(True), MLAView, [1, 4]),
-    ("minimax-mha", _minimax, MHAView, [0, 1, 2]),  # MiniMax's main pool is MHA only (main_pool_cls)
     # QSATokenToKVPool (a HybridLinearKVPool) is left out: its compressed-key index state is not yet
     # listed as a side group (reported in notes/issue-17.md), so a test would pin an incomplete report.
 ]
@@ -120,6 +119,20 @@ def test_hybrid_pools_adapt_with_the_wrappers_global_ids(make, cls, ids):
             _assert_write_through(view.k_buffer[i], pool.get_key_buffer(layer_id))
             _assert_write_through(view.v_buffer[i], pool.get_value_buffer(layer_id))
     assert plan(view).layer_ids == tuple(ids)
+
+
+def test_minimax_without_k_only_layers_is_whole_by_default_with_the_wrappers_global_ids():
+    # MiniMax's main pool is MHA only (main_pool_cls); its index_kv shares the KV's page ids, so the
+    # pool is offloaded whole (docs/hybrids.md) and attention_only, which would drop that plane, is refused.
+    pool = _minimax()
+    with pytest.raises(HybridPoolError, match="whole"):
+        adapt(pool, hybrid="attention_only")
+    view = adapt(pool)
+    assert isinstance(view, MHAView) and view.whole is not None and view.layer_ids == [0, 1, 2]
+    for i, layer_id in enumerate(view.layer_ids):
+        _assert_write_through(view.k_buffer[i], pool.get_key_buffer(layer_id))
+        _assert_write_through(view.v_buffer[i], pool.get_value_buffer(layer_id))
+    assert plan(view).layer_ids == (0, 1, 2) and len(plan(view).groups) == 2
 
 
 @pytest.mark.parametrize("use_mla", [False, True], ids=["mha", "mla"])
