@@ -149,17 +149,17 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
             f"have no block padding"
         )
     slots = tuple(distinct.index(o) for o in offsets)
-    _check_sharing(main, offsets)
+    _check_sharing(main)
     return VLLMGeometry(layouts, tuple(main), slots, indexer, blocks, heads, tokens, content)
 
 
-def _check_sharing(main: Mapping[str, torch.Tensor], offsets: list[int]) -> None:
+def _check_sharing(main: Mapping[str, torch.Tensor]) -> None:
     """Entries over the same bytes must be one tensor object: vLLM's KV sharing
     (``initialize_kv_cache_for_kv_sharing``) passes the target's tensor; HMA cache groups give each
     layer its own view, and FlexKV would address them all with the first group's block ids."""
     owner: dict[int, tuple[str, torch.Tensor]] = {}
-    for (name, t), offset in zip(main.items(), offsets):
-        first_name, first = owner.setdefault(offset, (name, t))
+    for name, t in main.items():  # by address: entries in separate storages may share an offset, not bytes
+        first_name, first = owner.setdefault(t.data_ptr(), (name, t))
         if first is not t:
             raise InconsistentLayersError(
                 f"vLLM KV caches: {first_name} and {name} are distinct views of the same bytes: several KV "
