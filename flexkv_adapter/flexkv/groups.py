@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..copy_rules import ALIGNMENT_FIX, alignment_problem, shard_problem
+from ..copy_rules import ALIGNMENT_FIX, VECTOR, alignment_problem, shard_problem
 from ..errors import NotAddressableError, PlanError
 from ..planes import Plane, WholePool
 from ._import import import_flexkv
@@ -95,7 +96,22 @@ def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, s
         groups.append(_plane_group(p, plane, start, tp_size, f"{source} {plane.name}"))
     if len(p.tensors) == 1 and any(len(g.tensors) > 1 for g in groups):  # FlexKV: 1 tensor in group 0 = TRT-LLM
         raise PlanError(f"{source}: a one-layer MLA KV makes FlexKV address every group as one block-first tensor")
+    _check_cpu_alignment(groups, source)
     return tuple(groups)
+
+
+def _check_cpu_alignment(groups: list[GroupPlan], source: str) -> None:
+    """FlexKV packs a CPU block group after group (per rank); 16-byte chunks get 16-byte loads there too."""
+    sizes = [len(g.layer_indices) * g.kv_dim * g.chunk_bytes for g in groups]
+    block = sum(sizes)  # one rank's share; ranks follow each other at this stride (_init_tp_multi_group)
+    for g, offset in zip(groups, accumulate([0, *sizes])):
+        if g.chunk_bytes % VECTOR == 0 and (offset % VECTOR or block % VECTOR):
+            raise NotAddressableError(
+                f"{source}: FlexKV packs each CPU block group after group ({sizes} bytes, {block} per rank); group "
+                f"{g.name} has {g.chunk_bytes}-byte chunks, which its kernel copies with {VECTOR}-byte loads, but "
+                f"starts at byte {offset} of a {block}-byte block, so its copies fault with a misaligned address. "
+                f"Fix: a page size that makes every group's bytes per block a multiple of {VECTOR}"
+            )
 
 
 def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: str) -> GroupPlan:
