@@ -92,3 +92,13 @@ def test_dsa_like_round_trips_or_is_refused(page, layers, kpool, index_dim, data
     except AdapterError:
         return
     assert wrong == []
+
+
+@pytest.mark.parametrize("via", ["view", "raw"])
+def test_an_indexer_pool_adapted_for_the_kv_alone_is_not_registered_without_its_indexer(via, fake_flexkv):
+    # adapt(dsa, hybrid="error") keeps the plain MLA view for FlexKV's own connectors (they read the indexer
+    # themselves); plan()/register() of it would send the KV alone and restore prefixes without the indexer.
+    pool = dsa_like(64, 2, 1, 128, (False, False), 0)
+    with pytest.raises(AdapterError, match="index_k_with_scale_buffer"):
+        plan(adapt(pool, hybrid="error") if via == "view" else pool, **({} if via == "view" else {"hybrid": "error"}))
+    assert len(plan(adapt(pool)).groups) == 2  # the whole registration is what plan() offers instead

@@ -20,11 +20,12 @@ import torch
 
 from ..copy_rules import ALIGNMENT_FIX, VECTOR, alignment_problem, shard_problem
 from ..errors import NotAddressableError, PlanError
-from ..planes import Plane, WholePool
+from ..planes import PartialPoolError, Plane, WholePool, describe
 from ._import import import_flexkv
 from .checks import shared_kv_mode
 
 if TYPE_CHECKING:
+    from ..views import PoolView
     from .plan import FlexKVPlan
 
 _MISSING = object()
@@ -112,6 +113,22 @@ def _check_cpu_alignment(groups: list[GroupPlan], source: str) -> None:
                 f"starts at byte {offset} of a {block}-byte block, so its copies fault with a misaligned address. "
                 f"Fix: a page size that makes every group's bytes per block a multiple of {VECTOR}"
             )
+
+
+def check_not_partial(view: PoolView) -> None:
+    """A plain view of a pool with planes (``hybrid="error"`` keeps DSA's for FlexKV's connectors) loses them here."""
+    if view.whole is not None or view.side_groups:  # whole, or attention-only by explicit choice
+        return
+    try:
+        whole = describe(view.source, view)
+        missing = ", ".join(p.name for p in whole.planes) if whole is not None else ""
+    except PartialPoolError as exc:
+        missing = str(exc)
+    if missing:
+        raise PlanError(
+            f"{view!r} holds the KV alone, but its pool keeps {missing} under the same page ids; registering it "
+            f"would restore prefixes without them. Plan adapt(pool) without hybrid= to register the pool whole"
+        )
 
 
 def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: str) -> GroupPlan:

@@ -41,7 +41,7 @@ from ..views import MHAView, PoolView
 from ..vllm_layout import is_vllm_dict
 from ._import import import_flexkv
 from .checks import check_chunks, check_five_d
-from .groups import GroupPlan, layer_group_specs, plan_groups
+from .groups import GroupPlan, check_not_partial, layer_group_specs, plan_groups
 from .model import (
     LayoutFacts,
     ModelFacts,
@@ -255,6 +255,7 @@ def plan(
         if options or page_size is not None:
             raise PlanError(f"{source!r} is already adapted; adapt options go to adapt(view.source, ...)")
         view = source
+        check_not_partial(view)
         layout_type = LayoutType.LAYERFIRST
         mode = AddressingMode.SGLANG if isinstance(view, MHAView) else AddressingMode.VLLM
         tensors = tuple(view.tensors())
