@@ -102,3 +102,18 @@ def test_an_indexer_pool_adapted_for_the_kv_alone_is_not_registered_without_its_
     with pytest.raises(AdapterError, match="index_k_with_scale_buffer"):
         plan(adapt(pool, hybrid="error") if via == "view" else pool, **({} if via == "view" else {"hybrid": "error"}))
     assert len(plan(adapt(pool)).groups) == 2  # the whole registration is what plan() offers instead
+
+
+def test_a_tensor_that_starts_at_the_kv_but_holds_more_is_not_taken_as_covered():
+    # One arena holds every layer's KV and then other state; its first byte is k_buffer[0]'s, so a check by
+    # start address alone would count it registered and leave its tail out of FlexKV silently.
+    rows, layers, kv_bytes = 64, 2, 2 * 2 * 64 * 16
+    arena = torch.zeros(kv_bytes + 4096, dtype=torch.uint8)
+    kv = arena[:kv_bytes].view(2, layers, rows, 2, 8)
+    scales = [torch.zeros(rows, 2, dtype=torch.uint8) for _ in range(2 * layers)]
+    pool = SimpleNamespace(k_buffer=list(kv[0]), v_buffer=list(kv[1]), page_size=16, arena=arena)
+    pool.k_scale_buffer, pool.v_scale_buffer = scales[:layers], scales[layers:]
+    with pytest.raises(AdapterError, match="arena"):
+        adapt(pool)
+    pool.arena = arena[:kv_bytes]  # exactly the registered bytes: nothing is left out
+    assert adapt(pool).whole is not None
