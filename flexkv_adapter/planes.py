@@ -218,14 +218,34 @@ def describe(pool: object, view: PoolView) -> WholePool | None:
     return WholePool(family, tuple(planes), tuple(left))
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a tensor reaches: a tensor starting where the KV does may hold more than it."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _inside(span: tuple[int, int], covered: list[tuple[int, int]]) -> bool:
+    return any(a <= span[0] and span[1] <= b for a, b in covered)
+
+
 def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: PoolView) -> None:
     """Refuse a tensor attribute the description does not cover: it would be lost on a prefix hit."""
-    covered = {t.data_ptr() for p in planes for t in p.tensors} | {t.data_ptr() for t in view.tensors()}
+    covered = _merged([_span(t) for p in planes for t in p.tensors] + [_span(t) for t in view.tensors()])
     unknown = []
     for owner in owners:
         for attr, value in (vars(owner) if owner is not None and hasattr(owner, "__dict__") else {}).items():
             found = [value] if isinstance(value, torch.Tensor) else _tensors(value) or []
-            lost = [t for t in found if t.numel() and t.data_ptr() not in covered]
+            lost = [t for t in found if t.numel() and not _inside(_span(t), covered)]
             if lost and attr not in DERIVED | PRIMARY:
                 unknown.append(f"{type(owner).__name__}.{attr}")
     if unknown:

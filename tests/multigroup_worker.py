@@ -183,6 +183,9 @@ class Worker:
                         gpu = self._resolve(self._gpu_addr(g, layer, kv, gb), words)
                         at = g.cpu_offset + (cb * (self.cpu_block // WORD) + layer * (g.cpu_layer // WORD)) * WORD
                         at += kv * (g.cpu_kv // WORD) * WORD
+                        need = 16 if g.chunk % 16 == 0 else WORD  # transfer.cu's float4 path, else 8-byte
+                        gpu_at, cpu_at = self._gpu_addr(g, layer, kv, gb), cpu.data_ptr() + at
+                        assert gpu_at % need == 0 and cpu_at % need == 0, f"misaligned address for {need}-byte loads"
                         host = cpu[at : at + words]
                         assert host.numel() == words, "FlexKV would run past its CPU cache"
                         (gpu if to_gpu else host).copy_(host if to_gpu else gpu)

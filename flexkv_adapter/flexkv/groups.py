@@ -6,22 +6,26 @@ block stride (from that group's ``KVCacheLayout``), but with ``kv_dim``, ``num_k
 addressing mode of group 0 for every group: under an MHA KV (2L tensors, ``ptr[kv*L + l]``) every
 group is a K list then a V list; under an MLA KV (L tensors) one tensor per layer. The server keeps
 its ``ModelConfig.layer_groups`` over the registration's, and sizes CPU blocks from them, so the
-config must carry exactly :func:`layer_group_specs` (:func:`check_model_groups`).
+config must carry exactly ``FlexKVPlan.flexkv_layer_groups()`` (:func:`check_model_groups`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..copy_rules import ALIGNMENT_FIX, alignment_problem, shard_problem
+from ..copy_rules import ALIGNMENT_FIX, VECTOR, alignment_problem, shard_problem
 from ..errors import NotAddressableError, PlanError
-from ..planes import Plane, WholePool
+from ..planes import PartialPoolError, Plane, WholePool, describe
 from ._import import import_flexkv
 from .checks import shared_kv_mode
 from .plan_types import FlexKVPlan, GroupPlan
+
+if TYPE_CHECKING:
+    from ..views import PoolView
 
 _MISSING = object()
 
@@ -48,7 +52,38 @@ def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, s
         groups.append(_plane_group(p, plane, start, tp_size, f"{source} {plane.name}"))
     if len(p.tensors) == 1 and any(len(g.tensors) > 1 for g in groups):  # FlexKV: 1 tensor in group 0 = TRT-LLM
         raise PlanError(f"{source}: a one-layer MLA KV makes FlexKV address every group as one block-first tensor")
+    _check_cpu_alignment(groups, source)
     return tuple(groups)
+
+
+def _check_cpu_alignment(groups: list[GroupPlan], source: str) -> None:
+    """FlexKV packs a CPU block group after group (per rank); 16-byte chunks get 16-byte loads there too."""
+    sizes = [len(g.layer_indices) * g.kv_dim * g.chunk_bytes for g in groups]
+    block = sum(sizes)  # one rank's share; ranks follow each other at this stride (_init_tp_multi_group)
+    for g, offset in zip(groups, accumulate([0, *sizes])):
+        if g.chunk_bytes % VECTOR == 0 and (offset % VECTOR or block % VECTOR):
+            raise NotAddressableError(
+                f"{source}: FlexKV packs each CPU block group after group ({sizes} bytes, {block} per rank); group "
+                f"{g.name} has {g.chunk_bytes}-byte chunks, which its kernel copies with {VECTOR}-byte loads, but "
+                f"starts at byte {offset} of a {block}-byte block, so its copies fault with a misaligned address. "
+                f"Fix: a page size that makes every group's bytes per block a multiple of {VECTOR}"
+            )
+
+
+def check_not_partial(view: PoolView) -> None:
+    """A plain view of a pool with planes (``hybrid="error"`` keeps DSA's for FlexKV's connectors) loses them here."""
+    if view.whole is not None or view.side_groups:  # whole, or attention-only by explicit choice
+        return
+    try:
+        whole = describe(view.source, view)
+        missing = ", ".join(p.name for p in whole.planes) if whole is not None else ""
+    except PartialPoolError as exc:
+        missing = str(exc)
+    if missing:
+        raise PlanError(
+            f"{view!r} holds the KV alone, but its pool keeps {missing} under the same page ids; registering it "
+            f"would restore prefixes without them. Plan adapt(pool) without hybrid= to register the pool whole"
+        )
 
 
 def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: str) -> GroupPlan:

@@ -38,7 +38,7 @@ from ..text import short_repr
 from ..views import MHAView, PoolView
 from ..vllm_layout import is_vllm_dict
 from .checks import check_chunks, check_five_d
-from .groups import plan_groups
+from .groups import check_not_partial, plan_groups
 from .model import (
     LayoutFacts,
     ModelFacts,
@@ -157,6 +157,7 @@ def plan(
         if options or page_size is not None:
             raise PlanError(f"{source!r} is already adapted; adapt options go to adapt(view.source, ...)")
         view = source
+        check_not_partial(view)
         layout_type = LayoutType.LAYERFIRST
         mode = AddressingMode.SGLANG if isinstance(view, MHAView) else AddressingMode.VLLM
         tensors = tuple(view.tensors())

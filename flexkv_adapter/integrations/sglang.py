@@ -111,6 +111,8 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
         facts = connector_facts(kwargs["sgl_model_config"], kwargs["server_args"], int(kwargs.get("pp_rank") or 0), api)
         if isinstance(pool, PoolView):
             view = pool
+            if view.whole is not None:  # FlexKV's connector registers only kv_buffer / k_buffer+v_buffer
+                raise HybridPoolError(f"{view!r} is {view.whole.describe()}; the connector would register the KV alone")
             if view.kind != facts.kind:
                 raise AdapterError(f"{pool!r} is an {view.kind.upper()} view but the model is {facts.kind.upper()}")
         else:

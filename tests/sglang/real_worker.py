@@ -39,6 +39,13 @@ def _window(tensors: list[torch.Tensor], addr: int, n: int) -> torch.Tensor:
     raise AssertionError(f"the kernel would access {addr:#x}, outside every registered tensor")
 
 
+def _aligned(gpu_addr: int, cpu_addr: int, chunk: int) -> None:
+    """transfer.cu picks 16-byte ld/st when ``chunk % 16 == 0`` (else 8-byte): misaligned, the GPU faults."""
+    need = 16 if chunk % 16 == 0 else WORD
+    bad = [f"{side} {addr:#x}" for side, addr in (("GPU", gpu_addr), ("CPU", cpu_addr)) if addr % need]
+    assert not bad, f"misaligned address: {bad} not {need}-byte aligned for a {chunk}-byte chunk"
+
+
 def kernel(registered: list[torch.Tensor]) -> Any:
     """``c_ext.transfer_kv_blocks``: 8-byte words, integer-divided strides, pointer per backend type."""
 
@@ -58,6 +65,7 @@ def kernel(registered: list[torch.Tensor]) -> Any:
                     else:  # TRT-LLM
                         gpu_addr = ptrs[0] + (g * gb + layer * gl + kv * gk) * WORD
                     cpu_addr = cpu.data_ptr() + (layer * cl + kv * ck + c * cb) * WORD
+                    _aligned(gpu_addr, cpu_addr, chunk)
                     gpu_w = _window(registered, gpu_addr, words * WORD)
                     cpu_w = _window([cpu], cpu_addr, words * WORD)
                     (gpu_w if h2d else cpu_w).copy_(cpu_w if h2d else gpu_w)
