@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import AdapterError
 from ..settings import AdapterSettings
+from ..text import clip
 from . import health_probe
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ def _parse(body: bytes, where: str) -> Probe:
     data = _json(body)
     if not isinstance(data, dict) or not isinstance(data.get("state"), str):
         return Probe(None, f"{where} answered without a JSON state: {body[:120]!r}")
-    detail = f" ({data['detail']})" if data.get("detail") else ""
+    detail = f" ({clip(str(data['detail']), 300)})" if data.get("detail") else ""
     master = data.get("master") if isinstance(data.get("master"), str) else None
     return Probe(data["state"], f"{where}: state {data['state']}{detail}", master, _pid_of(body))
 
@@ -192,7 +193,9 @@ def wait_for_start_remote(
             probes.append(probe_ready_file(settings.ready_file))
         seen = next((p for p in probes if p.state is not None), probes[0])
         cut_short = seen.state is None and budget < PROBE_S and "timed out" in seen.seen
-        last = last if cut_short and last.seen != "not probed yet" else seen  # keep what was seen before
+        # a probe cut short by the deadline keeps the earlier failure's reason, never an earlier answer:
+        # an answer kept as the latest would restart remote_absent_s for ever (a port that stopped answering)
+        last = last if cut_short and last.state is None and last.seen != "not probed yet" else seen
         now = clock()
         if last.state is not None:
             # a pid this process cannot see (another pid namespace) proves nothing later
@@ -215,7 +218,8 @@ def wait_for_start_remote(
                 f"start_remote did not reach waiting_for_gpus or ready within remote_wait_s="
                 f"{settings.remote_wait_s:g} s (last: {last.seen}); is node 0 (master {expected}) up?"
             )
-        sleep(max(0.0, min(poll_s, start + settings.remote_wait_s - now)))
+        nearest = min(start + settings.remote_wait_s, answered_at + settings.remote_absent_s)
+        sleep(max(0.0, min(poll_s, nearest - now)))  # give up at the deadline, not at the next poll
 
 
 def _check_gone(answered: Probe, last: Probe, silent_s: float, absent_s: float) -> None:
