@@ -198,3 +198,24 @@ def test_an_unencodable_path_in_the_config_file_exits_2_not_1(tmp_path):
     config.write_text('ready_file: "/tmp/\\ud800x"\n')
     code, _, err = run(tmp_path, config=str(config))
     assert code == ExitCode.SETTINGS and "ready_file=" in err and "cannot encode" in err, err
+
+
+def test_a_dry_run_writes_no_bytecode_for_the_transfer_manager_it_imports(tmp_path):
+    """Importing a transfer manager from a writable tree (FlexKV installed editable) wrote its
+    __pycache__: a dry run changed files."""
+    pkg = tmp_path / "src"
+    pkg.mkdir()
+    (pkg / "my_manager.py").write_text(
+        "class Remote:\n    def __init__(self, master_host, master_ports):\n        pass\n\n    def start(self):\n"
+        "        pass\n"
+    )
+    before = sorted(p.name for p in pkg.rglob("*"))
+    env = {"PYTHONPATH": f"{ROOT}:{pkg}"}
+    saved = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as on a plain machine
+    try:
+        code, out, err = run(tmp_path, "--dry-run", transfer_manager="my_manager:Remote", env=env)
+    finally:
+        if saved is not None:
+            os.environ["PYTHONDONTWRITEBYTECODE"] = saved
+    assert code == 0 and json.loads(out)["transfer_manager"] == "my_manager:Remote", err
+    assert sorted(p.name for p in pkg.rglob("*")) == before
