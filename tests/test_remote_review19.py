@@ -23,7 +23,7 @@ import pytest
 from flexkv_adapter import load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.integrations.external_remote import ExternalRemoteError, wait_for_start_remote
-from flexkv_adapter.remote import spawns
+from flexkv_adapter.remote import spawns, teardown
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.lock import InstanceLock
 
@@ -219,3 +219,39 @@ def test_a_dry_run_writes_no_bytecode_for_the_transfer_manager_it_imports(tmp_pa
             os.environ["PYTHONDONTWRITEBYTECODE"] = saved
     assert code == 0 and json.loads(out)["transfer_manager"] == "my_manager:Remote", err
     assert sorted(p.name for p in pkg.rglob("*")) == before
+
+
+BIND_AGAIN = """
+import os, socket, sys, time
+os.unlink(sys.argv[1])  # as libzmq's ipc bind does with a path in use
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen()
+print("bound", flush=True)
+time.sleep(30)
+"""
+
+
+def test_shutdown_removes_only_ipc_socket_files_this_process_still_holds(tmp_path):
+    """Another instance bound the same register path after this one (libzmq unlinks and binds
+    again): removing 'our' socket file on the way out cut that instance off."""
+    path = str(tmp_path / "srv_gpu_register")
+    ours = socket.socket(socket.AF_UNIX)
+    ours.bind(path)
+    ours.listen()
+    other = subprocess.Popen([sys.executable, "-c", BIND_AGAIN, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "bound\n"
+        teardown._unlink_ipc(f"ipc://{path}")
+        assert os.path.exists(path)  # the other instance's socket file stays
+    finally:
+        other.kill()
+        other.wait()
+    os.unlink(path)
+    mine = socket.socket(socket.AF_UNIX)
+    mine.bind(path)
+    mine.listen()
+    teardown._unlink_ipc(f"ipc://{path}")
+    assert not os.path.exists(path)  # a file only this process holds is removed
+    for sock in (ours, mine):
+        sock.close()
