@@ -22,8 +22,9 @@ import pytest
 
 from flexkv_adapter import load_settings
 from flexkv_adapter.errors import SettingsError
+from flexkv_adapter.integrations import external_remote
 from flexkv_adapter.integrations.external_remote import ExternalRemoteError, wait_for_start_remote
-from flexkv_adapter.remote import spawns, teardown
+from flexkv_adapter.remote import spawns, states, teardown
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.lock import InstanceLock
 
@@ -255,3 +256,31 @@ def test_shutdown_removes_only_ipc_socket_files_this_process_still_holds(tmp_pat
     assert not os.path.exists(path)  # a file only this process holds is removed
     for sock in (ours, mine):
         sock.close()
+
+
+def test_a_ready_file_whose_process_exits_while_checked_is_stale_not_another_remotes(tmp_path, monkeypatch):
+    """/proc race: its pid answered os.kill, then exited before its command line was read. An
+    unreadable command line counted as 'a running remote': exit 8 for a file nobody owns."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "start_remote"])
+    ready = tmp_path / "ready.json"
+    ready.write_text(json.dumps({"state": "ready", "pid": proc.pid}))
+    real_kill = os.kill
+
+    def checked_then_gone(pid: int, sig: int) -> None:
+        real_kill(pid, sig)
+        if pid == proc.pid and sig == 0:
+            proc.kill()
+            proc.wait()
+
+    monkeypatch.setattr(os, "kill", checked_then_gone)
+    try:
+        assert not external_remote._alive(proc.pid)  # the engine's look at the same file
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "start_remote"])
+        ready.write_text(json.dumps({"state": "ready", "pid": proc.pid}))
+        assert states.ReadyFile(ready).in_use_by() is None
+        states.ReadyFile(ready).claim()  # stale: removed, not refused
+        assert not ready.exists()
+    finally:
+        monkeypatch.undo()
+        proc.kill()
+        proc.wait()

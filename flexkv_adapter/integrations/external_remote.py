@@ -156,6 +156,8 @@ def _alive(pid: int) -> bool:
         return True
     try:  # a zombie has ended; only its parent has not collected it yet
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # it exited after os.kill
+        return False
     except (OSError, IndexError):
         return True
 
