@@ -136,7 +136,7 @@ def _parse(body: bytes, where: str) -> Probe:
         return Probe(None, f"{where} answered without a JSON state: {body[:120]!r}")
     detail = f" ({clip(str(data['detail']), 300)})" if data.get("detail") else ""
     master = data.get("master") if isinstance(data.get("master"), str) else None
-    return Probe(data["state"], f"{where}: state {data['state']}{detail}", master, _pid_of(body))
+    return Probe(data["state"], f"{where}: state {clip(data['state'], 60)}{detail}", master, _pid_of(body))
 
 
 def _pid_of(body: bytes) -> int | None:
