@@ -195,11 +195,9 @@ def wait_for_start_remote(
             probes.append(probe_ready_file(settings.ready_file))
         seen = next((p for p in probes if p.state is not None), probes[0])
         cut_short = seen.state is None and budget < PROBE_S and "timed out" in seen.seen
-        # a probe cut short by the deadline keeps the earlier failure's reason, never an earlier answer:
-        # an answer kept as the latest would restart remote_absent_s for ever (a port that stopped answering)
-        last = last if cut_short and last.state is None and last.seen != "not probed yet" else seen
+        last = last if cut_short and last.seen != "not probed yet" else seen  # keep what was seen before
         now = clock()
-        if last.state is not None:
+        if seen.state is not None:  # only a fresh answer counts: a kept one would restart remote_absent_s
             # a pid this process cannot see (another pid namespace) proves nothing later
             answered, answered_at = (last if last.pid is None or _alive(last.pid) else replace(last, pid=None)), now
             _check_master(last, expected)
@@ -209,7 +207,7 @@ def wait_for_start_remote(
             if last.state in FAILED_STATES:
                 raise ExternalRemoteError(f"start_remote on this node reports {last.seen}; see its log. {HINT}")
         elif answered is not None:
-            _check_gone(answered, last, now - answered_at, settings.remote_absent_s)
+            _check_gone(answered, seen, now - answered_at, settings.remote_absent_s)
         elif now - start >= settings.remote_absent_s:
             raise ExternalRemoteError(
                 f"remote: external, but scripts/start_remote.py is not running on this node: nothing answered "
