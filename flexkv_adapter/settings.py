@@ -55,6 +55,45 @@ _PATH_FIELDS = ("server_recv_port", "ready_file", "lock_dir", "transfer_manager"
 _file_data: ContextVar[dict[str, Any] | None] = ContextVar("flexkv_adapter_file_data", default=None)
 
 
+PATH_MAX = 4095  # bytes, Linux's PATH_MAX less the terminating NUL
+NAME_MAX = 255  # bytes per path component
+
+
+def _plain_text(value: Any) -> Any:
+    if not isinstance(value, (str, os.PathLike)):
+        return value  # the type check reports it
+    text = str(os.fspath(value))
+    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+    if bad == "\0":
+        raise ValueError("contains a NUL character, which no path, address or name can hold")
+    if bad is not None:
+        raise ValueError(f"contains the control character {bad!r}; paths, addresses and names here hold none")
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        raise ValueError("holds a character the filesystem encoding cannot encode (a lone surrogate)") from None
+    return value
+
+
+def _absolute_path(value: Any) -> Any:
+    if not isinstance(value, (str, os.PathLike)):
+        return value
+    text = str(os.fspath(value))
+    if not text:
+        raise ValueError("is empty; give an absolute path")
+    if not text.startswith("/"):
+        raise ValueError(
+            "must be an absolute path: start_remote and the engine resolve a relative one against their own "
+            "working directories, which differ"
+        )
+    raw = os.fsencode(text)
+    if len(raw) > PATH_MAX:
+        raise ValueError(f"is {len(raw)} bytes; a path holds at most {PATH_MAX} bytes (PATH_MAX)")
+    if any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise ValueError(f"has a component over {NAME_MAX} bytes (NAME_MAX)")
+    return value
+
+
 def _env(field: str, *flexkv: str) -> Any:
     """Accept the field name (arguments, YAML), our prefixed variable, then FlexKV's variables."""
     return AliasChoices(field, f"{ENV_PREFIX}{field.upper()}", *flexkv)
@@ -126,13 +165,19 @@ class AdapterSettings(BaseSettings):
             )
         return value
 
-    @field_validator(*_PATH_FIELDS)
+    @field_validator(*_PATH_FIELDS, mode="before")
     @classmethod
     def _no_nul(cls, value: Any) -> Any:
-        """The kernel, ZMQ and getaddrinfo refuse NUL late, as a raw ValueError: refuse it at load."""
-        if value is not None and "\0" in str(value):
-            raise ValueError("contains a NUL character, which no path, address or name can hold")
-        return value
+        """The kernel, ZMQ and getaddrinfo refuse NUL or an unencodable character late, as a raw
+        ValueError or UnicodeEncodeError; a newline splits every log line that names the value."""
+        return _plain_text(value)
+
+    @field_validator("ready_file", "lock_dir", mode="before")
+    @classmethod
+    def _usable_path(cls, value: Any) -> Any:
+        """Absolute (start_remote and the engine run in different directories) and within the
+        kernel's PATH_MAX and NAME_MAX, so no consumer meets ENAMETOOLONG later."""
+        return _absolute_path(_plain_text(value))
 
     @field_validator("server_recv_port")
     @classmethod

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from flexkv_adapter.remote.exit_codes import ExitCode
 from flexkv_adapter.remote.health import CONNECTION_TIMEOUT_S, MAX_CONNECTIONS, HealthServer
 from flexkv_adapter.remote.lock import (
-    _is_flexkv_spawn,
     _machine_lock,
     default_lock_dir,
     flexkv_spawned_remotes,
+    is_flexkv_spawn,
     lock_key,
 )
 from flexkv_adapter.remote.states import State, StateTracker
@@ -96,10 +96,10 @@ def test_an_unusable_lock_dir_exits_8_with_one_line(tmp_path, kind):
 
 
 @pytest.mark.parametrize("option", ["lock_dir", "ready_file"])
-def test_a_lock_dir_or_ready_file_path_too_long_for_the_kernel_exits_8(tmp_path, option):
-    too_long = tmp_path / ("x" * 300) / "ready.json"  # a name over NAME_MAX: ENAMETOOLONG, not "missing"
+def test_a_lock_dir_or_ready_file_path_too_long_for_the_kernel_exits_2(tmp_path, option):
+    too_long = tmp_path / ("x" * 300) / "ready.json"  # a name over NAME_MAX: refused with the settings
     code, line = startup(tmp_path, **{option: too_long if option == "ready_file" else too_long.parent})
-    assert code == ExitCode.LOCAL_FILES and "File name too long" in line and "Traceback" not in line, line
+    assert code == ExitCode.SETTINGS and "NAME_MAX" in line and "Traceback" not in line, line
 
 
 def test_the_machine_wide_lock_is_taken_once_and_only_a_held_name_counts_as_taken():
@@ -282,8 +282,8 @@ MARKERS = ["TransferManagerOnRemote", "Error in TransferManager subprocess", "in
     args=st.lists(st.sampled_from(["-c", "-f", "-e", "--", *MARKERS, "x.log"]), max_size=6),
 )
 def test_bystanders_quoting_flexkvs_script_are_never_taken_for_a_spawned_remote(program, args):
-    assert not _is_flexkv_spawn([program, *args])
-    assert not _is_flexkv_spawn([sys.executable, *args[:1], "import time; time.sleep(1)", *args])
+    assert not is_flexkv_spawn([program, *args])
+    assert not is_flexkv_spawn([sys.executable, *args[:1], "import time; time.sleep(1)", *args])
 
 
 @given(st.text(alphabet="abcdef/_.0123456789", min_size=1, max_size=30))
@@ -298,7 +298,7 @@ def test_flexkvs_own_spawn_script_is_recognised_wherever_its_files_are(path):
             "instance.start()",
         ]
     )
-    assert _is_flexkv_spawn(["/usr/bin/python3.10", "-c", script])
+    assert is_flexkv_spawn(["/usr/bin/python3.10", "-c", script])
 
 
 @given(st.lists(st.sampled_from(list(State)), max_size=12))

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import AdapterError
 from ..settings import AdapterSettings
+from ..text import clip
 from . import health_probe
 
 logger = logging.getLogger(__name__)
@@ -133,9 +134,9 @@ def _parse(body: bytes, where: str) -> Probe:
     data = _json(body)
     if not isinstance(data, dict) or not isinstance(data.get("state"), str):
         return Probe(None, f"{where} answered without a JSON state: {body[:120]!r}")
-    detail = f" ({data['detail']})" if data.get("detail") else ""
+    detail = f" ({clip(str(data['detail']), 300)})" if data.get("detail") else ""
     master = data.get("master") if isinstance(data.get("master"), str) else None
-    return Probe(data["state"], f"{where}: state {data['state']}{detail}", master, _pid_of(body))
+    return Probe(data["state"], f"{where}: state {clip(data['state'], 60)}{detail}", master, _pid_of(body))
 
 
 def _pid_of(body: bytes) -> int | None:
@@ -155,6 +156,8 @@ def _alive(pid: int) -> bool:
         return True
     try:  # a zombie has ended; only its parent has not collected it yet
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # it exited after os.kill
+        return False
     except (OSError, IndexError):
         return True
 
@@ -194,7 +197,7 @@ def wait_for_start_remote(
         cut_short = seen.state is None and budget < PROBE_S and "timed out" in seen.seen
         last = last if cut_short and last.seen != "not probed yet" else seen  # keep what was seen before
         now = clock()
-        if last.state is not None:
+        if seen.state is not None:  # only a fresh answer counts: a kept one would restart remote_absent_s
             # a pid this process cannot see (another pid namespace) proves nothing later
             answered, answered_at = (last if last.pid is None or _alive(last.pid) else replace(last, pid=None)), now
             _check_master(last, expected)
@@ -204,7 +207,7 @@ def wait_for_start_remote(
             if last.state in FAILED_STATES:
                 raise ExternalRemoteError(f"start_remote on this node reports {last.seen}; see its log. {HINT}")
         elif answered is not None:
-            _check_gone(answered, last, now - answered_at, settings.remote_absent_s)
+            _check_gone(answered, seen, now - answered_at, settings.remote_absent_s)
         elif now - start >= settings.remote_absent_s:
             raise ExternalRemoteError(
                 f"remote: external, but scripts/start_remote.py is not running on this node: nothing answered "
@@ -215,7 +218,8 @@ def wait_for_start_remote(
                 f"start_remote did not reach waiting_for_gpus or ready within remote_wait_s="
                 f"{settings.remote_wait_s:g} s (last: {last.seen}); is node 0 (master {expected}) up?"
             )
-        sleep(max(0.0, min(poll_s, start + settings.remote_wait_s - now)))
+        nearest = min(start + settings.remote_wait_s, answered_at + settings.remote_absent_s)
+        sleep(max(0.0, min(poll_s, nearest - now)))  # give up at the deadline, not at the next poll
 
 
 def _check_gone(answered: Probe, last: Probe, silent_s: float, absent_s: float) -> None:

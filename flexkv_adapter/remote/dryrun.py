@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 from typing import Any
 
 from ..errors import FLEXKV_INSTALL_HINT
@@ -91,6 +92,7 @@ def plan(s: AdapterSettings, visibility: str, lock: InstanceLock) -> dict[str, A
 def dry_run(s: AdapterSettings) -> ExitCode:
     """Validate paths, look around, print the plan with its warnings; exit 0 unless the settings are invalid."""
     assert s.master_host is not None
+    sys.dont_write_bytecode = True  # importing the transfer manager from a writable tree writes no __pycache__
     lock_dir = prepare_lock_dir(s.lock_dir, create=False)
     ready_file = ReadyFile(s.ready_file) if s.ready_file else None
     if ready_file is not None:

@@ -16,6 +16,7 @@ import os
 import socket
 import stat
 import struct
+import threading
 from pathlib import Path
 
 from .exit_codes import ExitCode, RemoteExit
@@ -95,7 +96,7 @@ def _machine_lock(name: str) -> socket.socket | int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind("\0" + name)
-        sock.listen(1)
+        sock.listen(8)
         return sock
     except OSError as exc:
         sock.close()
@@ -110,6 +111,18 @@ def _machine_lock(name: str) -> socket.socket | int | None:
     return 0
 
 
+def _answer_probes(sock: socket.socket) -> None:
+    """Accept and close every probe (a contender, a dry run): SO_PEERCRED names this process to
+    them at connect time, and unaccepted probes would fill the backlog, after which a held lock
+    looks free to the next dry run and 'pid unknown' to the next contender."""
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:  # shut down by release()
+            return
+        conn.close()
+
+
 class InstanceLock:
     """Exclusive lock for (resolved master address, ports); released when the process exits.
 
@@ -121,6 +134,7 @@ class InstanceLock:
         self.path = lock_dir / lock_key(host, ports)
         self._fd: int | None = None
         self._socket: socket.socket | None = None
+        self._prober: threading.Thread | None = None
 
     def acquire(self) -> None:
         for _ in range(10):  # a holder that just released unlinked the file we opened: open the new one
@@ -146,6 +160,9 @@ class InstanceLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd, self._socket = fd, machine
+        if machine is not None:
+            self._prober = threading.Thread(target=_answer_probes, args=(machine,), name="lock-probes", daemon=True)
+            self._prober.start()
 
     def _open_locked(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -189,11 +206,15 @@ class InstanceLock:
             os.close(self._fd)
             self._fd = None
         if self._socket is not None:
+            with contextlib.suppress(OSError):  # wakes the accepting thread; the name is free once closed
+                self._socket.shutdown(socket.SHUT_RDWR)
+            if self._prober is not None:
+                self._prober.join(1.0)
             self._socket.close()
             self._socket = None
 
 
-def _is_flexkv_spawn(argv: list[str]) -> bool:
+def is_flexkv_spawn(argv: list[str]) -> bool:
     """``python -c <script>`` whose script builds and starts FlexKV's ``TransferManagerOnRemote``."""
     if len(argv) < 3 or not Path(argv[0]).name.startswith("python") or argv[1] != "-c":
         return False
@@ -211,6 +232,6 @@ def flexkv_spawned_remotes() -> list[int]:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if _is_flexkv_spawn(argv):
+        if is_flexkv_spawn(argv):
             found.append(int(entry.name))
     return found

@@ -9,8 +9,23 @@ import os
 import sys
 
 
+def _hold_std_fds() -> None:
+    """Put /dev/null on each of fds 0-2 that is closed: otherwise the next file or socket opened (the
+    lock file, the health port) gets that number, and whatever writes to "stderr" (a C library, a
+    forked worker, a fatal-error dump) writes into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this very fd, or a lower one
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+
+
 def guard_streams() -> None:
     """Replace a closed stdout/stderr (None in Python) with /dev/null; never let logging raise."""
+    _hold_std_fds()
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the process

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lock import flexkv_spawned_remotes
+from .lock import flexkv_spawned_remotes, is_flexkv_spawn
 
 _LISTEN = "0A"
 
@@ -78,6 +78,16 @@ def spawn_of(pid: int) -> Spawn:
     return Spawn(pid, None if inodes is None else frozenset(_tcp_peers(pid, inodes)))
 
 
+def _still_a_spawn(pid: int) -> bool:
+    """Read again after its sockets: a spawn that exited meanwhile (gone, or a zombie with an empty
+    command line and no fds) serves no master, and its unreadable fds must not count as unknown."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return is_flexkv_spawn(argv)
+
+
 def master_addresses(host: str) -> set[str]:
     try:
         return {str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
@@ -91,6 +101,8 @@ def classify_spawns(host: str, ports: tuple[int, int, int]) -> tuple[list[Spawn]
     refused: list[Spawn] = []
     others: list[Spawn] = []
     for spawn in map(spawn_of, flexkv_spawned_remotes()):
+        if not _still_a_spawn(spawn.pid):
+            continue
         same = spawn.peers is not None and any(h in addresses and p in ports for h, p in spawn.peers)
         (refused if spawn.peers is None or not spawn.peers or same else others).append(spawn)
     return refused, others

@@ -122,7 +122,9 @@ def _a_remote(pid: int) -> bool:
         pass
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):  # it exited after os.kill: gone, not unknown
+        return False
+    except OSError:  # hidden from us (another user's, hidepid): may be a remote
         return True
     return b"start_remote" in argv or b"start-remote" in argv
 

@@ -19,6 +19,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .children import reap_descendants, workers_left
@@ -50,8 +51,25 @@ def _unlink_ipc(register_port: object) -> None:
         return
     for path in (register_port[6:], f"{register_port[6:]}_control"):
         with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
+            if stat.S_ISSOCK(os.lstat(path).st_mode) and not _bound_elsewhere(path):
                 os.unlink(path)
+
+
+def _bound_elsewhere(path: str) -> bool:
+    """A socket of another process is bound at ``path`` (libzmq unlinks a path in use and binds it
+    again): the file is that instance's now. Our fds are read first, so a socket of ours that
+    closes meanwhile can only make this answer True, which leaves a stale file, never removes one."""
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                ours.add(target[8:-1])
+    for line in Path("/proc/net/unix").read_text(errors="replace").splitlines()[1:]:
+        fields = line.split(maxsplit=7)
+        if len(fields) == 8 and fields[7] == path and fields[6] not in ours:
+            return True
+    return False
 
 
 def _stop_started(tm: Any, deadline: float, reap_grace_s: float) -> None:
