@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from flexkv_adapter import load_settings
+from flexkv_adapter import load_settings, pids
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.integrations import external_remote
 from flexkv_adapter.integrations.external_remote import ExternalRemoteError, wait_for_start_remote
 from flexkv_adapter.remote import spawns, states, teardown
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
@@ -277,7 +276,7 @@ def test_a_ready_file_whose_process_exits_while_checked_is_stale_not_another_rem
 
     monkeypatch.setattr(os, "kill", checked_then_gone)
     try:
-        assert not external_remote._alive(proc.pid)  # the engine's look at the same file
+        assert not pids.alive(proc.pid)  # the engine's look at the same file
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "start_remote"])
         ready.write_text(json.dumps({"state": "ready", "pid": proc.pid}))
         assert states.ReadyFile(ready).in_use_by() is None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AdapterError
+from ..pids import alive
 from ..settings import AdapterSettings
 from ..text import clip
 from . import health_probe
@@ -31,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = health_probe.MAX_BODY  # small JSON; never read a stream or a device to its end
 PROBE_S = 2.0  # one probe at most, so a slow port is retried rather than waited on
-PID_MAX = 2**22  # the kernel's largest pid_max: a bigger "pid" names no process
 # start_remote's states once the master's config arrived (registration may proceed), and its dead ends.
 PROCEED_STATES = frozenset({"waiting_for_gpus", "starting_engine", "ready"})
 FAILED_STATES = frozenset({"failed", "shutting_down"})
@@ -106,7 +106,7 @@ def probe_ready_file(path: Path) -> Probe:
         return Probe(None, f"no ready file {path} ({exc.strerror or exc})")
     probe = _parse(body, str(path))
     pid = _pid_of(body)
-    if probe.state is not None and pid is not None and not _alive(pid):
+    if probe.state is not None and pid is not None and not alive(pid):
         return Probe(None, f"stale ready file {path} (pid {pid} is gone)")
     return probe
 
@@ -143,23 +143,6 @@ def _pid_of(body: bytes) -> int | None:
     data = _json(body)
     pid = data.get("pid") if isinstance(data, dict) else None
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
-
-
-def _alive(pid: int) -> bool:
-    if pid > PID_MAX:  # os.kill would raise OverflowError; no process has such an id
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has ended; only its parent has not collected it yet
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # it exited after os.kill
-        return False
-    except (OSError, IndexError):
-        return True
 
 
 def wait_for_start_remote(
@@ -199,7 +182,7 @@ def wait_for_start_remote(
         now = clock()
         if seen.state is not None:  # only a fresh answer counts: a kept one would restart remote_absent_s
             # a pid this process cannot see (another pid namespace) proves nothing later
-            answered, answered_at = (last if last.pid is None or _alive(last.pid) else replace(last, pid=None)), now
+            answered, answered_at = (last if last.pid is None or alive(last.pid) else replace(last, pid=None)), now
             _check_master(last, expected)
             if last.state in PROCEED_STATES:
                 logger.info("remote: external: start_remote is up (%s); nothing spawned", last.seen)
@@ -224,7 +207,7 @@ def wait_for_start_remote(
 
 def _check_gone(answered: Probe, last: Probe, silent_s: float, absent_s: float) -> None:
     """start_remote answered before and answers no more: its process ended, or it has been silent too long."""
-    gone = answered.pid is not None and not _alive(answered.pid)
+    gone = answered.pid is not None and not alive(answered.pid)
     if gone or silent_s >= absent_s:
         why = f"its process (pid {answered.pid}) ended" if gone else f"silent for remote_absent_s={absent_s:g} s"
         raise ExternalRemoteError(

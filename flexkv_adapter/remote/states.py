@@ -13,6 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..pids import alive
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)
@@ -112,14 +113,8 @@ class ReadyFile:
 
 def _a_remote(pid: int) -> bool:
     """A live process that may be start_remote (its command line says so, or cannot be read)."""
-    if pid > 2**22:  # above any pid_max: os.kill would overflow
+    if not alive(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError):  # it exited after os.kill: gone, not unknown
