@@ -97,7 +97,7 @@ def _aborted():
     return RequestStatus.FINISHED_ABORTED
 
 
-MODES = {"sync": {}, "tp2": {"workers": 2}, "pipelined": {"pipelined": True}}
+MODES = {"sync": {}, "tp2": {"workers": 2}, "pipelined": {"pipelined": True}, "sync_get": {"sync_get": True}}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -105,11 +105,13 @@ MODES = {"sync": {}, "tp2": {"workers": 2}, "pipelined": {"pipelined": True}}
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(ops=st.lists(OPS, min_size=3, max_size=14))
 def test_random_sequences_never_run_on_unloaded_kv_and_leave_nothing_behind(
-    plugged, tmp_path, control, policy, mode, ops
+    plugged, tmp_path, control, policy, mode, ops, monkeypatch
 ):
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     pipelined = MODES[mode].get("pipelined", False)
+    if MODES[mode].get("sync_get"):
+        monkeypatch.setenv("FLEXKV_SYNC_GET", "1")
     engine = Engine(
         plugged,
         tmp_path,
