@@ -59,6 +59,9 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
     "get_block_ids_with_load_errors": (("self",), "kv_connector_model_runner_mixin.py:100", "adp:1280 (set())"),
 }
+# Base-class methods the workers' report travels through (kv_connector.py:83-150 -> base.py:249-290, 416-424):
+# vLLM's FlexKVConnectorV1 must not override them, or the wrapped get_finished is never asked.
+BASE_PATH = ("get_transfer_results", "bind_connector_metadata", "_get_connector_metadata", "has_connector_metadata")
 # FlexKV 34ab141: (owner, method) -> parameters the wrappers call with
 FLEXKV_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
     ("impl", "build_connector_meta"): ("self", "scheduler_output"),
@@ -86,6 +89,10 @@ def vllm_mismatch(cls: Any) -> str | None:
         if fn is None or _params(fn) != params:
             got = _params(fn) if fn is not None else "missing"
             return f"vLLM's FlexKVConnectorV1.{name} is {got}, not {params} (vLLM 0.33)"
+    base = next((c for c in cls.__mro__ if c.__name__ == "KVConnectorBase_V1"), None)
+    for name in BASE_PATH:
+        if base is None or cls.__dict__.get(name, base.__dict__.get(name)) is not base.__dict__.get(name):
+            return f"vLLM's FlexKVConnectorV1 overrides {name}, which carries failed-load reports to vLLM (vLLM 0.33)"
     return None
 
 
@@ -239,7 +246,7 @@ def wrappers(cls: Any) -> dict[str, Any]:
             setattr(self, ASLEEP, False)
 
     def _meta(self: Any) -> FlexKVAdapterMetadata:
-        meta = self._connector_metadata
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         return meta if isinstance(meta, FlexKVAdapterMetadata) else FlexKVAdapterMetadata()
 
     def get_finished(self: Any, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

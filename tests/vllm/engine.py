@@ -46,6 +46,7 @@ class Engine:
         blocks: int = 40,
         workers: int = 1,
         driver: str = "v2",
+        scheduler_cls: Any = None,
     ) -> None:
         from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
@@ -57,7 +58,7 @@ class Engine:
         self.config = connector_config(tmp_path, "mha3")
         self.config.kv_transfer_config.kv_load_failure_policy = policy
         self.config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
-        self.scheduler = Scheduler(
+        self.scheduler = (scheduler_cls or Scheduler)(
             vllm_config=self.config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=StructuredOutputManager(self.config),
