@@ -1,0 +1,41 @@
+"""Hostile review of the SGLang bridge (review-15): gaps found, each with its regression test.
+
+Real SGLang 0.5.23 pools and radix cache; FlexKV's own connector is the 34ab141 stand-in of the conftest.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flexkv_adapter import AdapterError, adapt
+
+from . import flexkv_standin as fk
+from .test_sglang_hybrids import _hybrid_linear
+
+OWN = "flexkv.integration.sglang.connector"
+
+
+def test_a_view_of_a_hybrid_whose_full_pool_is_dsa_is_refused_naming_the_indexer(sglang_env, models):
+    """A pre-adapted (attention_only) view of a hybrid-linear DSA pool hides the indexer one level down
+    (``source.full_kv_pool``): FlexKV would register the latent rows alone and restore prefixes with the
+    indexer keys of whatever last used the slots."""
+    from .connectors import build
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    pool = _hybrid_linear(True, dsa=True)
+    assert getattr(pool.full_kv_pool, "index_k_with_scale_buffer", None) is not None
+    view = adapt(pool, hybrid="attention_only")
+    with pytest.raises(AdapterError, match="DSATokenToKVPool has a DSA/NSA indexer"):
+        build(view, models["deepseek"], module=OWN, page_size=64)
+    assert not fk.calls("register_to_server")
+
+
+def test_negative_control_the_same_view_without_dsa_is_served(sglang_env, models):
+    from .connectors import build
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    view = adapt(_hybrid_linear(True), hybrid="attention_only")
+    build(view, models["deepseek"], module=OWN, page_size=16)
+    assert fk.calls("register_to_server")
