@@ -7,14 +7,29 @@ from typing import Any
 from ..errors import AdapterError
 
 INDEXER = "index_k_with_scale_buffer"
+# Where a DSA/NSA pool can sit below what the connector receives: a view's source, a hybrid's children.
+INNER = ("source", "full_kv_pool", "swa_kv_pool", "main_pool", "unified_kv_pool", "c4_indexer_kv_pool")
+
+
+def _pools(pool: Any) -> list[Any]:
+    """``pool`` and every pool below it (instance attributes only: a view forwards unknown names)."""
+    found: list[Any] = []
+    todo = [pool]
+    while todo and len(found) < 32:
+        candidate = todo.pop(0)
+        if candidate is None or any(candidate is seen for seen in found):
+            continue
+        found.append(candidate)
+        inner = getattr(candidate, "__dict__", {})
+        todo += [inner.get(name) for name in INNER]
+    return found
 
 
 def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
     """DSA/NSA indexer pools (FlexKV registers the indexer with a whole page per token block and overruns
     the buffer) and decode context parallelism (each rank holds part of every page: unproven)."""
-    source = getattr(pool, "source", None)
-    for candidate in (pool, source):
-        if candidate is not None and getattr(candidate, INDEXER, None) is not None:
+    for candidate in _pools(pool):
+        if getattr(candidate, INDEXER, None) is not None:
             return AdapterError(
                 f"{type(candidate).__name__} has a DSA/NSA indexer ({INDEXER}); FlexKV's own SGLang connector "
                 f"registers it with head_size = a whole page row per token block and would copy past the end "
