@@ -8,11 +8,14 @@ and every slot goes back to the allocator. rids contain ``@attempt`` on purpose 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from .radix_harness import Rig, read
+from .test_sglang_bridge_real import real_flexkv  # noqa: F401 (a fixture)
 
 PROMPTS = [list(range(1000 + 100 * p, 1048 + 100 * p)) for p in range(3)]  # no shared prefixes: one seed each
 OPS = st.lists(
@@ -33,9 +36,7 @@ def _on_device(rig: Rig, ids: list[int]) -> int:
     return int(rig.cache.match_prefix(MatchPrefixParams(key=RadixKey(ids, None))).device_prefix_len)
 
 
-def _sequences(sglang_env, models, monkeypatch, kind):
-    sglang_env.use("serving")
-    sglang_env.load()
+def _sequences(models, monkeypatch, kind):
     seen = {"loads": 0}
 
     @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
@@ -78,7 +79,14 @@ def _sequences(sglang_env, models, monkeypatch, kind):
 
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 def test_sequences_restore_exact_bytes_and_release_everything(sglang_env, models, monkeypatch, kind):
-    assert _sequences(sglang_env, models, monkeypatch, kind)["loads"] > 0
+    sglang_env.use("serving")
+    sglang_env.load()
+    assert _sequences(models, monkeypatch, kind)["loads"] > 0
+
+
+@pytest.mark.skipif(not os.path.isdir(os.environ.get("FLEXKV_SOURCE", "/nonexistent")), reason="set FLEXKV_SOURCE")
+def test_sequences_through_flexkv_real_connector(real_flexkv, models, monkeypatch):
+    assert _sequences(models, monkeypatch, "mha")["loads"] > 0
 
 
 def test_negative_control_keys_parsed_from_the_left_lose_completions(sglang_env, models, monkeypatch):
@@ -91,5 +99,7 @@ def test_negative_control_keys_parsed_from_the_left_lose_completions(sglang_env,
         return CacheRequestHandle(rid=rid, attempt_id=int(rest.rpartition("@attempt")[2]))
 
     monkeypatch.setattr(BridgeConnector, "_handle", first_split)
+    sglang_env.use("serving")
+    sglang_env.load()
     with pytest.raises(AssertionError):
-        _sequences(sglang_env, models, monkeypatch, "mha")
+        _sequences(models, monkeypatch, "mha")
