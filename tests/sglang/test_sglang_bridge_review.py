@@ -39,3 +39,24 @@ def test_negative_control_the_same_view_without_dsa_is_served(sglang_env, models
     view = adapt(_hybrid_linear(True), hybrid="attention_only")
     build(view, models["deepseek"], module=OWN, page_size=16)
     assert fk.calls("register_to_server")
+
+
+def test_the_bridge_refuses_dsa_even_where_the_hook_on_flexkvs_connector_did_not_apply(sglang_env, models, monkeypatch):
+    """SGLang logs a hook that fails to apply and serves on; the bridge must not then hand a DSA pool
+    (or dcp > 1) to FlexKV's connector unchecked."""
+    import importlib
+    import inspect
+
+    from .radix_harness import Rig
+    from .test_sglang_pools import DSA_ARGS, mp
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    cls = importlib.import_module(OWN).FlexKVConnector
+    monkeypatch.setattr(cls, "__init__", inspect.unwrap(cls.__init__))  # "Failed to apply hooks to ...__init__"
+    with pytest.raises(AdapterError, match="index_k_with_scale_buffer"):
+        Rig(monkeypatch, models["deepseek"], "mla", pool=mp().DSATokenToKVPool(**DSA_ARGS), page=64)
+    monkeypatch.setattr(fk.ServerArgs, "dcp_size", 2, raising=False)
+    with pytest.raises(AdapterError, match="dcp_size=2"):
+        Rig(monkeypatch, models["llama"], "mha")
+    assert not fk.calls("register_to_server")
