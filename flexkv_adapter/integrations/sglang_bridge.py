@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import AdapterError
 from .sglang_checks import installed_flexkv_api, skew_error
-from .sglang_refusals import bridge_topology_refusal
+from .sglang_refusals import bridge_topology_refusal, own_connector_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,9 @@ class BridgeConnector:
 
     def __init__(self, **kwargs: Any) -> None:
         try:
-            if (refusal := bridge_topology_refusal(kwargs.get("server_args"))) is not None:
+            # Also here, not only in the hook on FlexKV's __init__: SGLang logs a hook it fails to apply and serves on.
+            args = kwargs.get("server_args")
+            if refusal := own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args):
                 raise refusal
             shape, why = resolve_connector()
         except AdapterError as exc:

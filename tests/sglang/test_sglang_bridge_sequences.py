@@ -85,7 +85,8 @@ def test_sequences_restore_exact_bytes_and_release_everything(sglang_env, models
 
 
 @pytest.mark.skipif(not os.path.isdir(os.environ.get("FLEXKV_SOURCE", "/nonexistent")), reason="set FLEXKV_SOURCE")
-def test_sequences_through_flexkv_real_connector(real_flexkv, models, monkeypatch):
+@pytest.mark.usefixtures("real_flexkv")
+def test_sequences_through_flexkv_real_connector(models, monkeypatch):
     assert _sequences(models, monkeypatch, "mha")["loads"] > 0
 
 
