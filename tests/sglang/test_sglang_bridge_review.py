@@ -60,3 +60,30 @@ def test_the_bridge_refuses_dsa_even_where_the_hook_on_flexkvs_connector_did_not
     with pytest.raises(AdapterError, match="dcp_size=2"):
         Rig(monkeypatch, models["llama"], "mha")
     assert not fk.calls("register_to_server")
+
+
+@pytest.mark.parametrize("method", ["match_prefix", "checkpoint"])
+def test_the_bridge_refuses_to_serve_where_a_namespace_hook_did_not_apply(sglang_env, models, monkeypatch, method):
+    """Without the AROUND hooks (SGLang logged them as failed), LoRA / cache_salt requests would look up
+    and store by token ids alone: another tenant's KV. The bridge refuses instead of serving."""
+    import importlib
+    import inspect
+
+    from .radix_harness import RADIX, Rig
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    cls = importlib.import_module(RADIX).FlexKVRadixCache
+    monkeypatch.setattr(cls, method, inspect.unwrap(getattr(cls, method)))
+    with pytest.raises(AdapterError, match=f"FlexKVRadixCache.{method}"):
+        Rig(monkeypatch, models["llama"], "mha")
+    assert not fk.calls("register_to_server")
+
+
+def test_with_the_shared_setting_no_namespace_hook_is_needed(sglang_env, models, monkeypatch):
+    from .radix_harness import Rig
+
+    sglang_env.use("serving")
+    sglang_env.load(FLEXKV_ADAPTER_SGLANG_NAMESPACED_REQUESTS="shared")
+    Rig(monkeypatch, models["llama"], "mha")
+    assert fk.calls("register_to_server")
