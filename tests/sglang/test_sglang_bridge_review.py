@@ -87,3 +87,22 @@ def test_with_the_shared_setting_no_namespace_hook_is_needed(sglang_env, models,
     sglang_env.load(FLEXKV_ADAPTER_SGLANG_NAMESPACED_REQUESTS="shared")
     Rig(monkeypatch, models["llama"], "mha")
     assert fk.calls("register_to_server")
+
+
+class _Holder:
+    """A user's wrapper that keeps SGLang's DSA pool under a name of its own."""
+
+    def __init__(self, pool):
+        self.inner, self.page_size = pool, pool.page_size
+
+
+def test_a_view_read_by_attrs_from_a_wrapper_of_a_dsa_pool_is_refused(sglang_env, models):
+    from .connectors import build
+    from .test_sglang_pools import DSA_ARGS, mp
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    view = adapt(_Holder(mp().DSATokenToKVPool(**DSA_ARGS)), attrs="inner.kv_buffer", kind="mla")
+    with pytest.raises(AdapterError, match="DSATokenToKVPool has a DSA/NSA indexer"):
+        build(view, models["deepseek"], module=OWN, page_size=64)
+    assert not fk.calls("register_to_server")
