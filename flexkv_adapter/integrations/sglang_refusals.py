@@ -2,34 +2,55 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
+
+import torch
 
 from ..errors import AdapterError
 
 INDEXER = "index_k_with_scale_buffer"
-# Where a DSA/NSA pool can sit below what the connector receives: a view's source, a hybrid's children.
-INNER = ("source", "full_kv_pool", "swa_kv_pool", "main_pool", "unified_kv_pool", "c4_indexer_kv_pool")
 
 
-def _pools(pool: Any) -> list[Any]:
-    """``pool`` and every pool below it (instance attributes only: a view forwards unknown names)."""
+def _own(obj: Any) -> dict[str, Any]:
+    """Instance attributes, read without ``__getattr__`` (a view forwards unknown names; it may raise)."""
+    try:
+        found = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _pools(pool: Any, depth: int = 3) -> list[Any]:
+    """``pool`` and the objects below it, ``depth`` levels of instance attributes: a view's source, a
+    hybrid's full pool, a user's wrapper holding the pool under any name."""
     found: list[Any] = []
-    todo = [pool]
-    while todo and len(found) < 32:
-        candidate = todo.pop(0)
-        if candidate is None or any(candidate is seen for seen in found):
-            continue
-        found.append(candidate)
-        inner = getattr(candidate, "__dict__", {})
-        todo += [inner.get(name) for name in INNER]
+    level = [pool]
+    for _ in range(depth + 1):
+        below: list[Any] = []
+        for candidate in level:
+            skip = isinstance(candidate, (torch.Tensor, type, types.ModuleType)) or candidate is None
+            if skip or len(found) >= 256 or any(candidate is f for f in found):
+                continue
+            found.append(candidate)
+            below += list(_own(candidate).values())
+        level = below
     return found
+
+
+def _indexer(candidate: Any) -> Any:
+    """What FlexKV would read (``getattr(kvcache, INDEXER, None)``) if ``candidate`` reached it."""
+    try:
+        return getattr(candidate, INDEXER, None)
+    except Exception:  # an object below the pool whose attribute lookup fails is not a DSA pool
+        return None
 
 
 def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
     """DSA/NSA indexer pools (FlexKV registers the indexer with a whole page per token block and overruns
     the buffer) and decode context parallelism (each rank holds part of every page: unproven)."""
     for candidate in _pools(pool):
-        if getattr(candidate, INDEXER, None) is not None:
+        if _indexer(candidate) is not None:
             return AdapterError(
                 f"{type(candidate).__name__} has a DSA/NSA indexer ({INDEXER}); FlexKV's own SGLang connector "
                 f"registers it with head_size = a whole page row per token block and would copy past the end "
