@@ -106,3 +106,27 @@ def test_a_view_read_by_attrs_from_a_wrapper_of_a_dsa_pool_is_refused(sglang_env
     with pytest.raises(AdapterError, match="DSATokenToKVPool has a DSA/NSA indexer"):
         build(view, models["deepseek"], module=OWN, page_size=64)
     assert not fk.calls("register_to_server")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("attn_dp_size", 2, "attention DP"),  # SGLang 0.5.23's spelling of DP attention
+        ("dp_size", 2, "dp_size=2"),  # replicas: FlexKVRadixCache's factory passes dp_rank=None to each
+        ("enable_kv_cache_sharding", True, "enable_kv_cache_sharding"),  # pages split across ranks, as dcp
+    ],
+)
+def test_dp_in_sglang_0_5_23s_spelling_and_kv_sharding_are_refused_by_the_bridge(
+    sglang_env, models, monkeypatch, field, value, message
+):
+    """SGLang 0.5.23 resolves ``--dp-size N --enable-dp-attention`` to ``attn_dp_size=N, dp_size=1,
+    enable_dp_attention=False`` (arg_groups/parallel_hook.py:39-61), so a check of
+    ``enable_dp_attention and dp_size > 1`` never fires; every DP rank would be FlexKV DP client 0."""
+    from .radix_harness import Rig
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    monkeypatch.setattr(fk.ServerArgs, field, value, raising=False)
+    with pytest.raises(AdapterError, match=f"choosing the connector for FlexKVRadixCache: .*{message}"):
+        Rig(monkeypatch, models["llama"], "mha")
+    assert not fk.calls("register_to_server")
