@@ -66,9 +66,9 @@ def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
 
 
 def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
-    """Topologies the bridge has not been proven at: pipeline or attention context parallelism, and
-    DP attention, where SGLang 0.5.23's FlexKV factory passes ``dp_rank=None`` (every DP rank would
-    register with FlexKV as DP client 0)."""
+    """Topologies the bridge has not been proven at: pipeline or attention context parallelism, KV-cache
+    sharding, and any data parallelism, where SGLang 0.5.23's FlexKV factory passes ``dp_rank=None``
+    (every DP rank would register with FlexKV as DP client 0)."""
 
     def size(name: str) -> int:
         value = getattr(server_args, name, 1)
@@ -80,9 +80,18 @@ def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
             f"FlexKV's own connector is proven at tensor parallelism only (TP 1 and 2); run with pp_size=1 and "
             f"attn_cp_size=1"
         )
-    if getattr(server_args, "enable_dp_attention", False) and size("dp_size") > 1:
+    # SGLang 0.5.23 spells DP attention attn_dp_size (``--dp-size N --enable-dp-attention`` resolves to
+    # attn_dp_size=N, dp_size=1, enable_dp_attention=False: arg_groups/parallel_hook.py:39-61).
+    dp, attn_dp = size("dp_size"), size("attn_dp_size")
+    if dp > 1 or attn_dp > 1:
         return AdapterError(
-            f"DP attention with dp_size={size('dp_size')}: SGLang 0.5.23's FlexKV radix-cache factory passes "
-            f"dp_rank=None, so every DP rank would register with FlexKV as DP client 0; run without DP attention"
+            f"DP attention or data parallelism (dp_size={dp}, attn_dp_size={attn_dp}): SGLang 0.5.23's FlexKV "
+            f"radix-cache factory passes dp_rank=None, so every DP rank would register with FlexKV as DP client 0; "
+            f"run with dp_size=1 and attn_dp_size=1"
+        )
+    if getattr(server_args, "enable_kv_cache_sharding", False) is True:
+        return AdapterError(
+            "enable_kv_cache_sharding shards the KV pages across ranks (as decode context parallelism does); "
+            "FlexKV's SGLang connector keys and copies whole pages per rank, which is unproven. Run without it"
         )
     return None

@@ -111,7 +111,7 @@ def test_a_view_read_by_attrs_from_a_wrapper_of_a_dsa_pool_is_refused(sglang_env
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("attn_dp_size", 2, "attention DP"),  # SGLang 0.5.23's spelling of DP attention
+        ("attn_dp_size", 2, "DP attention or data parallelism .dp_size=1, attn_dp_size=2"),  # 0.5.23 spelling
         ("dp_size", 2, "dp_size=2"),  # replicas: FlexKVRadixCache's factory passes dp_rank=None to each
         ("enable_kv_cache_sharding", True, "enable_kv_cache_sharding"),  # pages split across ranks, as dcp
     ],
@@ -122,11 +122,17 @@ def test_dp_in_sglang_0_5_23s_spelling_and_kv_sharding_are_refused_by_the_bridge
     """SGLang 0.5.23 resolves ``--dp-size N --enable-dp-attention`` to ``attn_dp_size=N, dp_size=1,
     enable_dp_attention=False`` (arg_groups/parallel_hook.py:39-61), so a check of
     ``enable_dp_attention and dp_size > 1`` never fires; every DP rank would be FlexKV DP client 0."""
-    from .radix_harness import Rig
+    import dataclasses
+
+    from .connectors import build, mha_pool
 
     sglang_env.use("serving")
     sglang_env.load()
-    monkeypatch.setattr(fk.ServerArgs, field, value, raising=False)
+    server = {}
+    if field in {f.name for f in dataclasses.fields(fk.ServerArgs)}:
+        server[field] = value
+    else:
+        monkeypatch.setattr(fk.ServerArgs, field, value, raising=False)
     with pytest.raises(AdapterError, match=f"choosing the connector for FlexKVRadixCache: .*{message}"):
-        Rig(monkeypatch, models["llama"], "mha")
+        build(mha_pool(), models["llama"], **server)  # what FlexKVRadixCache builds: the bridge
     assert not fk.calls("register_to_server")
