@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AdapterError
+from ..settings import load_settings
 from .sglang_checks import installed_flexkv_api, skew_error
-from .sglang_refusals import bridge_topology_refusal
+from .sglang_refusals import bridge_topology_refusal, own_connector_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
 FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
 LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"
 HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
+RADIX_MODULE = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
+NAMESPACE_HOOKS = ("flexkv_adapter.integrations.sglang_namespaces", ("match_prefix", "checkpoint"))
 WORKING_FLEXKV = (
     "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
     "connector (flexkv.integration.sglang.connector, bridged by this plugin)"
@@ -111,6 +114,30 @@ def _params(cls: type, name: str) -> Any:
     return inspect.signature(inspect.getattr_static(cls, name)).parameters
 
 
+def _hooked_by(fn: Any, module: str) -> bool:
+    """Whether a HookRegistry wrapper around ``fn`` (its closure, down the ``__wrapped__`` chain) calls ``module``."""
+    while fn is not None:
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                if getattr(cell.cell_contents, "__module__", None) == module:
+                    return True
+            except ValueError:  # an empty cell
+                continue
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def missing_namespace_hooks() -> list[str]:
+    """FlexKVRadixCache methods whose namespace hook is not in place although the settings ask for it.
+
+    SGLang logs a hook that fails to apply and serves on; LoRA / cache_salt requests would then share KV."""
+    if load_settings().sglang_namespaced_requests == "shared":
+        return []
+    module, methods = NAMESPACE_HOOKS
+    radix = importlib.import_module(RADIX_MODULE).FlexKVRadixCache
+    return [f"FlexKVRadixCache.{m}" for m in methods if not _hooked_by(getattr(radix, m, None), module)]
+
+
 def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
     """FlexKV's connector if the in-tree one is skewed and FlexKV's answers SGLang; else the refusal."""
     if environ.get(LAYERWISE_ENV, "0").strip() not in ("", "0"):
@@ -146,8 +173,15 @@ class BridgeConnector:
 
     def __init__(self, **kwargs: Any) -> None:
         try:
-            if (refusal := bridge_topology_refusal(kwargs.get("server_args"))) is not None:
+            # Also here, not only in the hook on FlexKV's __init__: SGLang logs a hook it fails to apply and serves on.
+            args = kwargs.get("server_args")
+            if refusal := own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args):
                 raise refusal
+            if missing := missing_namespace_hooks():
+                raise AdapterError(
+                    f"the hook(s) on {', '.join(missing)} that keep LoRA / cache_salt requests out of FlexKV are not "
+                    f"applied (see SGLang's 'Failed to apply hooks' log); serving would share KV across namespaces"
+                )
             shape, why = resolve_connector()
         except AdapterError as exc:
             raise AdapterError(f"{PREFIX}, choosing the connector for FlexKVRadixCache: {exc}") from exc

@@ -2,19 +2,55 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
+
+import torch
 
 from ..errors import AdapterError
 
 INDEXER = "index_k_with_scale_buffer"
 
 
+def _own(obj: Any) -> dict[str, Any]:
+    """Instance attributes, read without ``__getattr__`` (a view forwards unknown names; it may raise)."""
+    try:
+        found = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _pools(pool: Any, depth: int = 3) -> list[Any]:
+    """``pool`` and the objects below it, ``depth`` levels of instance attributes: a view's source, a
+    hybrid's full pool, a user's wrapper holding the pool under any name."""
+    found: list[Any] = []
+    level = [pool]
+    for _ in range(depth + 1):
+        below: list[Any] = []
+        for candidate in level:
+            skip = isinstance(candidate, (torch.Tensor, type, types.ModuleType)) or candidate is None
+            if skip or len(found) >= 256 or any(candidate is f for f in found):
+                continue
+            found.append(candidate)
+            below += list(_own(candidate).values())
+        level = below
+    return found
+
+
+def _indexer(candidate: Any) -> Any:
+    """What FlexKV would read (``getattr(kvcache, INDEXER, None)``) if ``candidate`` reached it."""
+    try:
+        return getattr(candidate, INDEXER, None)
+    except Exception:  # an object below the pool whose attribute lookup fails is not a DSA pool
+        return None
+
+
 def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
     """DSA/NSA indexer pools (FlexKV registers the indexer with a whole page per token block and overruns
     the buffer) and decode context parallelism (each rank holds part of every page: unproven)."""
-    source = getattr(pool, "source", None)
-    for candidate in (pool, source):
-        if candidate is not None and getattr(candidate, INDEXER, None) is not None:
+    for candidate in _pools(pool):
+        if _indexer(candidate) is not None:
             return AdapterError(
                 f"{type(candidate).__name__} has a DSA/NSA indexer ({INDEXER}); FlexKV's own SGLang connector "
                 f"registers it with head_size = a whole page row per token block and would copy past the end "
@@ -30,9 +66,9 @@ def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
 
 
 def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
-    """Topologies the bridge has not been proven at: pipeline or attention context parallelism, and
-    DP attention, where SGLang 0.5.23's FlexKV factory passes ``dp_rank=None`` (every DP rank would
-    register with FlexKV as DP client 0)."""
+    """Topologies the bridge has not been proven at: pipeline or attention context parallelism, KV-cache
+    sharding, and any data parallelism, where SGLang 0.5.23's FlexKV factory passes ``dp_rank=None``
+    (every DP rank would register with FlexKV as DP client 0)."""
 
     def size(name: str) -> int:
         value = getattr(server_args, name, 1)
@@ -44,9 +80,18 @@ def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
             f"FlexKV's own connector is proven at tensor parallelism only (TP 1 and 2); run with pp_size=1 and "
             f"attn_cp_size=1"
         )
-    if getattr(server_args, "enable_dp_attention", False) and size("dp_size") > 1:
+    # SGLang 0.5.23 spells DP attention attn_dp_size (``--dp-size N --enable-dp-attention`` resolves to
+    # attn_dp_size=N, dp_size=1, enable_dp_attention=False: arg_groups/parallel_hook.py:39-61).
+    dp, attn_dp = size("dp_size"), size("attn_dp_size")
+    if dp > 1 or attn_dp > 1:
         return AdapterError(
-            f"DP attention with dp_size={size('dp_size')}: SGLang 0.5.23's FlexKV radix-cache factory passes "
-            f"dp_rank=None, so every DP rank would register with FlexKV as DP client 0; run without DP attention"
+            f"DP attention or data parallelism (dp_size={dp}, attn_dp_size={attn_dp}): SGLang 0.5.23's FlexKV "
+            f"radix-cache factory passes dp_rank=None, so every DP rank would register with FlexKV as DP client 0; "
+            f"run with dp_size=1 and attn_dp_size=1"
+        )
+    if getattr(server_args, "enable_kv_cache_sharding", False) is True:
+        return AdapterError(
+            "enable_kv_cache_sharding shards the KV pages across ranks (as decode context parallelism does); "
+            "FlexKV's SGLang connector keys and copies whole pages per rank, which is unproven. Run without it"
         )
     return None
