@@ -61,7 +61,7 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
     return list(range(geometry.start_layer, geometry.start_layer + count))
 
 
-def names_layer_ids(names: Sequence[str], given: Sequence[int] | None, where: str) -> list[int]:
+def names_layer_ids(names: Sequence[object], given: Sequence[int] | None, where: str) -> list[int]:
     """Layer ids of a dict's entries in the dict's order: from ``layer_ids=`` or the names, which must agree.
 
     An entry whose name holds no layer index (``mtp.attn``) is never labelled by its position: without
