@@ -149,8 +149,8 @@ def copy_problem(first: Container, value: object, again: object) -> str | None:
     A property returning ``.clone()``, or ``.contiguous()`` of a non-contiguous tensor, gives new memory on
     every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool.
     """
-    if again is value:
-        return None  # a plain attribute: the same object
+    if again is value:  # a plain attribute (or a getter returning one object): the same memory, if still there
+        return _still_there(first)
     try:
         second = _tensors_of(again, first.dict_order)
         same = len(second) == len(first.tensors) and all(
@@ -160,13 +160,22 @@ def copy_problem(first: Container, value: object, again: object) -> str | None:
     except Exception:  # a second read that is not even a container of tensors
         same = False
     if same:
-        return None
+        return _still_there(first)
     return (
         f"{first.attr} gives new memory on every read (two reads returned tensors at different addresses): "
         f"a property that copies (.clone(), .contiguous() of a non-contiguous tensor). A view of it would "
         f"alias a temporary and nothing written through it would reach the pool. Fix: expose the pool's own "
         f"tensors (the storage, not a copy), or name them with attrs=[...]"
     )
+
+
+def _still_there(first: Container) -> str | None:
+    """Why the first read's tensors lost their memory during the second read (a getter that resized or freed
+    the storage leaves them dangling), or None."""
+    for i, t in enumerate(first.tensors):
+        if why := storage_problem(t):
+            return f"{first.attr}[{i}] {why}; it changed between two reads of the attribute"
+    return None
 
 
 def pairing_problem(k: Container, v: Container) -> str | None:
