@@ -100,3 +100,21 @@ def test_hostile_dict_keys_give_bounded_adapter_errors(key):
     assert len(str(err.value)) < 600
     view = adapt(pool, page_size=16, layer_ids=[0, 4])  # layer_ids= settles it, in the dict's order
     assert view.layer_ids == [0, 4] and view.k_buffer[1].data_ptr() == k[key].data_ptr()
+
+
+def test_every_message_is_bounded_whatever_path_builds_it():
+    huge_class = type("P" * 100_000, (), {})
+    pool = huge_class()
+    pool.k_buffer, pool.v_buffer, pool.page_size = [distinct((32, 2, 4))], [distinct((32, 2, 4), start=99)], 32
+    calls = [
+        lambda: adapt(pool, page_size=16),  # a hostile class name
+        lambda: adapt(SimpleNamespace(), attrs=["a" * 100_000, "b" * 100_000], page_size=16),  # attrs= paths
+        lambda: plan(SimpleNamespace(), attrs=["a" * 100_000, "b" * 100_000], page_size=16),
+        lambda: adapt(pool, axes="N " * 50_000),
+        lambda: adapt(pool, **{"z" * 100_000: 1}),  # an option name
+    ]
+    for call in calls:
+        with pytest.raises(AdapterError) as err:
+            call()
+        assert len(str(err.value)) < 8100 and "characters left out" in str(err.value)
+    assert str(AdapterError("short")) == "short"  # the control: short messages are untouched
