@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,3 +119,29 @@ def test_every_message_is_bounded_whatever_path_builds_it():
             call()
         assert len(str(err.value)) < 8100 and "characters left out" in str(err.value)
     assert str(AdapterError("short")) == "short"  # the control: short messages are untouched
+
+
+@pytest.mark.parametrize(
+    "ids, accepted",
+    [
+        ({3}, False),  # a set, a dict, an iterator: they claim ids; ignoring them labelled the layer 0
+        ({3: "attn"}, False),
+        (iter([3]), False),
+        ([3], True),
+        (range(3, 4), True),
+        (np.array([3]), True),  # a 1-D array: its elements go through the one integer reader
+        (torch.tensor([3]), True),
+        (np.array([True]), False),
+    ],
+    ids=["set", "dict", "iterator", "list", "range", "ndarray", "tensor", "bool-array"],
+)
+def test_model_layer_ids_in_any_container_is_read_or_refused_never_ignored(ids, accepted):
+    pool = _pool(layer_num=1)
+    pool.k_buffer, pool.v_buffer = pool.k_buffer[:1], pool.v_buffer[:1]
+    pool.model_layer_ids = ids
+    for call in (lambda: adapt(pool), lambda: adapt(SimpleNamespace(o=pool), attrs=["o.k_buffer", "o.v_buffer"])):
+        if accepted:
+            assert call().layer_ids == [3]
+        else:
+            with pytest.raises(InconsistentLayersError, match="model_layer_ids"):
+                call()
