@@ -16,6 +16,7 @@ from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError
 from .integers import read_integer
 from .layout import Geometry
 from .probe import attr_owners, probe, probe_int
+from .sources import check_wrapper_page_size
 from .text import short_repr
 from .views import PoolView
 
@@ -177,4 +178,5 @@ def named_sub_pool_ids(pool: object, attrs: Sequence[str], view: PoolView, optio
     if structure is None or not ids:
         return view
     sub = replace(structure, primary_attr=owner, primary=probe(pool, owner), layer_ids=ids)
+    check_wrapper_page_size(pool, sub)  # the same rule as for the unwrapped wrapper (sources.locate_source)
     return mapped_layer_ids(pool, sub, view, options)
