@@ -16,6 +16,7 @@ import torch
 from .axes import Axis
 from .layout import ViewKind
 from .probe import storage_problem
+from .text import short_repr
 
 SELF = "<pool>"
 BOTH: frozenset[ViewKind] = frozenset({"mha", "mla"})
@@ -33,7 +34,7 @@ class Container:
     layer_ids: tuple[int, ...] | None = None  # from dict names, in the (sorted) order of ``tensors``
     ids_problem: str | None = None
     dict_order: tuple[int, ...] | None = None  # a dict's entries: each tensor's position in the dict
-    names: tuple[str, ...] | None = None  # a dict's keys, in the order of ``tensors``
+    names: tuple[object, ...] | None = None  # a dict's keys (as given), in the order of ``tensors``
 
     @property
     def keyed(self) -> bool:
@@ -70,8 +71,18 @@ def layer_index_from_name(name: object) -> int | None:
     Only ASCII digits, at most 9 of them: ``int()`` also reads other scripts' digits, and a
     thousand-digit "index" is not a layer.
     """
-    ints = [int(p) for p in str(name).split(".") if p.isascii() and p.isdigit() and len(p) <= 9]
+    if isinstance(name, int) and not isinstance(name, bool):  # {0: t, 1: t}; any other non-str key names no layer
+        return int(name) if 0 <= name < 10**9 else None
+    if not isinstance(name, str):  # its (bounded) repr would be a guess: a cut-off text may hide a second index
+        return None
+    ints = [int(p) for p in str.__str__(name).split(".") if p.isascii() and p.isdigit() and len(p) <= 9]
     return ints[0] if len(ints) == 1 else None
+
+
+def key_text(name: object) -> str:
+    """A dict key as text: a str as it is (a subclass's own ``__str__`` is not asked), anything else through the
+    bounded repr, which never raises (a key whose ``__str__`` raises, or spells megabytes)."""
+    return str.__str__(name) if isinstance(name, str) else short_repr(name, 200)
 
 
 def _storage_problem(attr: str, tensors: Sequence[torch.Tensor]) -> str | None:
@@ -97,12 +108,12 @@ def make_container(attr: str, value: object) -> Container | str:
             return why
         ids = [layer_index_from_name(k) for k, _ in items]
         if any(i is None for i in ids) or len(set(ids)) != len(ids):
-            names = [str(k)[:60] for k, _ in items[:4]]
+            names = [key_text(k)[:60] for k, _ in items[:4]]
             problem = (
                 f"{attr}: cannot take one distinct layer index from each name {names}"
                 f"{'...' if len(items) > 4 else ''}; pass layer_ids=[...] in the dict's order"
             )
-            keys = tuple(str(k) for k, _ in items)
+            keys = tuple(k for k, _ in items)
             return Container(attr, tuple(t for _, t in items), True, None, problem, tuple(range(len(items))), keys)
         order = sorted(range(len(items)), key=lambda i: ids[i])  # type: ignore[arg-type,return-value]
         return Container(
@@ -111,7 +122,7 @@ def make_container(attr: str, value: object) -> Container | str:
             True,
             tuple(ids[i] for i in order),  # type: ignore[misc]
             dict_order=tuple(order),
-            names=tuple(str(items[i][0]) for i in order),
+            names=tuple(items[i][0] for i in order),
         )
     if isinstance(value, (list, tuple)):
         if not value or not all(isinstance(t, torch.Tensor) for t in value):
@@ -138,8 +149,8 @@ def copy_problem(first: Container, value: object, again: object) -> str | None:
     A property returning ``.clone()``, or ``.contiguous()`` of a non-contiguous tensor, gives new memory on
     every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool.
     """
-    if again is value:
-        return None  # a plain attribute: the same object
+    if again is value:  # a plain attribute (or a getter returning one object): the same memory, if still there
+        return _still_there(first)
     try:
         second = _tensors_of(again, first.dict_order)
         same = len(second) == len(first.tensors) and all(
@@ -149,13 +160,22 @@ def copy_problem(first: Container, value: object, again: object) -> str | None:
     except Exception:  # a second read that is not even a container of tensors
         same = False
     if same:
-        return None
+        return _still_there(first)
     return (
         f"{first.attr} gives new memory on every read (two reads returned tensors at different addresses): "
         f"a property that copies (.clone(), .contiguous() of a non-contiguous tensor). A view of it would "
         f"alias a temporary and nothing written through it would reach the pool. Fix: expose the pool's own "
         f"tensors (the storage, not a copy), or name them with attrs=[...]"
     )
+
+
+def _still_there(first: Container) -> str | None:
+    """Why the first read's tensors lost their memory during the second read (a getter that resized or freed
+    the storage leaves them dangling), or None."""
+    for i, t in enumerate(first.tensors):
+        if why := storage_problem(t):
+            return f"{first.attr}[{i}] {why}; it changed between two reads of the attribute"
+    return None
 
 
 def pairing_problem(k: Container, v: Container) -> str | None:
@@ -180,7 +200,8 @@ def pairing_problem(k: Container, v: Container) -> str | None:
             f"{k.attr} is {form(k)} but {v.attr} is {form(v)}: which V belongs to which K is unknown; "
             f"give both as lists in layer order, or both as dicts with the same layer names"
         )
-    if k.names != v.names:  # two dicts without layer ids: only the same keys, in the same order, pair up
+    # two dicts without layer ids: only the same keys, in the same order, pair up
+    if [key_text(n) for n in k.names or ()] != [key_text(n) for n in v.names or ()]:
         return (
             f"{k.attr} and {v.attr} are dicts whose names give no layer ids and differ (or differ in order): "
             f"which V belongs to which K is unknown; use the same keys in both, or names with one layer index"

@@ -20,8 +20,21 @@ FLEXKV_INSTALL_HINT = (
 )
 
 
+MESSAGE_LIMIT = 8000  # characters; the longest real message (every recogniser's reason) is well under it
+
+
 class AdapterError(ValueError):
-    """Base class of every error raised by flexkv_adapter."""
+    """Base class of every error raised by flexkv_adapter.
+
+    Its message is bounded here, once for every path: a message embeds names from user input and hostile
+    objects (a class, an attrs= path, an option name of 100,000 characters); the middle goes, the fix stays.
+    """
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MESSAGE_LIMIT:
+            text, keep = args[0], MESSAGE_LIMIT // 2
+            args = (f"{text[:keep]} ...[{len(text) - 2 * keep} characters left out]... {text[-keep:]}",)
+        super().__init__(*args)
 
 
 class UnsupportedPoolError(AdapterError):

@@ -1,6 +1,7 @@
 """The one reader of integer metadata, for options and pool attributes alike.
 
-It accepts what ``operator.index`` accepts (``int``, numpy integers, 0-d integer tensors) and
+It accepts what ``operator.index`` accepts (``int``, numpy integers, 0-d integer tensors; the ``__index__``
+hook is called directly, as operator.index would turn a returned ``True`` into 1) and
 refuses bools of every kind (``bool``, ``numpy.bool_``, 0-d bool arrays and tensors: ``True`` is
 not a page size), floats, and values whose ``__index__`` raises or that have no value (meta
 tensors): each is an :class:`~flexkv_adapter.errors.AdapterError` naming the field, never a raw
@@ -10,7 +11,6 @@ exception and never a silently ignored number.
 from __future__ import annotations
 
 import numbers
-import operator
 
 import torch
 
@@ -47,14 +47,19 @@ def _index(value: object, what: str, error: type[AdapterError] = AdapterError) -
             raise error(f"{what} is a meta tensor ({short_repr(value)}): it has a shape but no value")
         if value.ndim != 0 or value.dtype.is_floating_point or value.dtype.is_complex:
             return None
+    hook = getattr(type(value), "__index__", None)  # called directly: operator.index turns a returned True into 1
+    if hook is None:
+        return None
     try:
-        return operator.index(value)  # type: ignore[arg-type]
+        number = hook(value)
     except TypeError:
         return None
     except Exception as exc:  # a raising __index__, a tensor without memory, ...
         raise error(
             f"{what}: reading {short_repr(value)} as an integer raised {type(exc).__name__}: {str(exc)[:120]}"
         ) from None
+    # an __index__ that returns True (or an int subclass): a bool is still no integer, and the rest read as int
+    return int(number) if isinstance(number, int) and not isinstance(number, bool) else None
 
 
 def read_integer(value: object, what: str, error: type[AdapterError] = AdapterError) -> int:

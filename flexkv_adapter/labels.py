@@ -8,12 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import torch
+
 from . import hybrid
 from .containers import Container, Located, layer_index_from_name
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError
-from .integers import looks_numeric, read_integer
+from .integers import read_integer
 from .layout import Geometry
 from .probe import attr_owners, probe, probe_int
+from .sources import check_wrapper_page_size
 from .text import short_repr
 from .views import PoolView
 
@@ -61,7 +64,7 @@ def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry)
     return list(range(geometry.start_layer, geometry.start_layer + count))
 
 
-def names_layer_ids(names: Sequence[str], given: Sequence[int] | None, where: str) -> list[int]:
+def names_layer_ids(names: Sequence[object], given: Sequence[int] | None, where: str) -> list[int]:
     """Layer ids of a dict's entries in the dict's order: from ``layer_ids=`` or the names, which must agree.
 
     An entry whose name holds no layer index (``mtp.attn``) is never labelled by its position: without
@@ -103,16 +106,23 @@ def _model_layer_ids(pool: object, count: int) -> list[int] | None:
     if model_ids is None:
         return None
     where = f"{type(pool).__name__}.model_layer_ids"
-    if not isinstance(model_ids, (list, tuple, range)):
-        if looks_numeric(model_ids) or isinstance(model_ids, (str, bytes)):
-            raise InconsistentLayersError(f"{where}={short_repr(model_ids)}: expected a list of layer ids")
-        return None
+    if _one_d_array(model_ids):  # numpy or torch: its elements go through the one integer reader
+        model_ids = list(model_ids)  # type: ignore[call-overload]
+    if not isinstance(model_ids, (list, tuple, range)):  # a set, dict or iterator claims ids too: never ignored
+        raise InconsistentLayersError(f"{where}={short_repr(model_ids)}: expected a list of layer ids")
     ids = [read_integer(i, f"{where}[{n}]", InconsistentLayersError) for n, i in enumerate(model_ids)]
     if any(i < 0 for i in ids) or len(ids) != count or len(set(ids)) != count:
         raise InconsistentLayersError(
             f"{where}={short_repr(model_ids, 200)}: expected {count} distinct layer ids (integers), one per layer"
         )
     return ids
+
+
+def _one_d_array(value: object) -> bool:
+    try:
+        return (isinstance(value, torch.Tensor) or type(value).__module__ == "numpy") and value.ndim == 1  # type: ignore[attr-defined]
+    except Exception:  # a hostile ndim: not an array we can read; refused as not a list
+        return False
 
 
 def compact_default(sub: object, count: int) -> bool:
@@ -168,4 +178,5 @@ def named_sub_pool_ids(pool: object, attrs: Sequence[str], view: PoolView, optio
     if structure is None or not ids:
         return view
     sub = replace(structure, primary_attr=owner, primary=probe(pool, owner), layer_ids=ids)
+    check_wrapper_page_size(pool, sub)  # the same rule as for the unwrapped wrapper (sources.locate_source)
     return mapped_layer_ids(pool, sub, view, options)

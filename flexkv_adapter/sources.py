@@ -15,9 +15,9 @@ from typing import Any
 
 from . import hybrid
 from .containers import addresses
-from .errors import AdapterError, NotAddressableError, UnsupportedPoolError
+from .errors import AdapterError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError
 from .plugins import plugin_spec
-from .probe import probe
+from .probe import probe, probe_int
 from .spec import load_spec, merge_spec_options
 from .vllm_detect import is_vllm_dict
 
@@ -65,6 +65,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
     structure = None if given.get("attrs") else hybrid.detect(pool)
     if structure is not None:
         _check_same_sub_pool(pool, structure)
+        check_wrapper_page_size(pool, structure)
         hybrid.check_kind(pool, structure, given.get("kind"))
         return Source(pool, structure.primary, given, page_size, label, mode, structure)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:
@@ -87,6 +88,17 @@ def _check_same_sub_pool(pool: object, structure: hybrid.HybridStructure) -> Non
                 f"every read (a property that copies); a view of it would alias a temporary. Fix: expose the "
                 f"wrapper's own sub-pool, or name its tensors with attrs=[...]"
             )
+
+
+def check_wrapper_page_size(pool: object, structure: hybrid.HybridStructure) -> None:
+    """A wrapper's ``page_size`` describes its sub-pools' pages (SGLang sets both from one value): one that
+    contradicts the attention sub-pool's is malformed metadata, not a choice to make silently."""
+    outer, inner = probe_int(pool, "page_size"), probe_int(structure.primary, "page_size")
+    if outer is not None and inner is not None and outer != inner:
+        raise InconsistentLayersError(
+            f"{type(pool).__name__}.page_size={outer} contradicts {structure.primary_attr}.page_size={inner}; "
+            f"fix the pool metadata"
+        )
 
 
 def _is_hisparse(pool: object) -> bool:

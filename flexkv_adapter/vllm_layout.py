@@ -95,7 +95,9 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     if not isinstance(kv_caches, Mapping):
         raise UnsupportedPoolError(f"vLLM KV caches must be a dict of name -> tensor, got {short_repr(kv_caches)}")
     if odd := [n for n in kv_caches if not isinstance(n, str)]:  # str(n) would merge 1 and "1" into one layer
-        raise InconsistentLayersError(f"vLLM KV caches: keys {odd[:4]} are not layer names (str keys, as vLLM's)")
+        raise InconsistentLayersError(
+            f"vLLM KV caches: keys {short_repr(odd, 200)} are not layer names (str keys, as vLLM's)"
+        )
     indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
     parsed = [layer_index_from_name(n) for n in main]

@@ -8,6 +8,9 @@ or true KV sharing (the same object), and vLLM dict entries without a layer inde
 
 from __future__ import annotations
 
+from decimal import Decimal
+from enum import IntEnum
+from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,11 +65,33 @@ def nested_containers(draw: st.DrawFn) -> Case:
     return Case(inner, options, expected, [*ks, *vs], bool(expected) and bool(ok), notes={"forms": forms})
 
 
+class _Index:
+    """A number only through ``__index__`` (which may return ``True``: still a bool, not 1)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __index__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"_Index({self.n!r})"
+
+
 def _number(draw: st.DrawFn, value: int) -> tuple[object, bool]:
     """``value`` in a drawn numeric type, and whether the one integer reader must accept it."""
-    kind = draw(st.sampled_from(["int", "np.int64", "np.int32", "np.uint8", "tensor", "np0d", "bool", "float"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                *("int", "np.int64", "np.int32", "np.uint8", "tensor", "np0d", "bool", "float"),
+                *("IntEnum", "__index__", "Fraction", "Decimal"),
+            ]
+        )
+    )
     if kind == "bool":
-        return draw(st.sampled_from([True, np.True_, torch.tensor(True), np.array(True)])), False
+        return draw(st.sampled_from([True, np.True_, torch.tensor(True), np.array(True), _Index(True)])), False
+    if kind in ("Fraction", "Decimal"):
+        return (Fraction(value) if kind == "Fraction" else Decimal(value)), False
     if kind == "float":
         return draw(st.sampled_from([float(value), np.float32(value), torch.tensor(float(value))])), False
     make = {
@@ -76,6 +101,8 @@ def _number(draw: st.DrawFn, value: int) -> tuple[object, bool]:
         "np.uint8": np.uint8,
         "tensor": lambda n: torch.tensor(n),
         "np0d": lambda n: np.array(n),
+        "IntEnum": lambda n: IntEnum("Number", {"N": n}).N,  # type: ignore[attr-defined]
+        "__index__": _Index,
     }[kind]
     return make(value), True
 
@@ -117,7 +144,14 @@ class _Getters:
             "contiguous": lambda: [t.transpose(0, 1).contiguous().transpose(0, 1) for t in ts],
             "view": lambda: [t.view(t.shape) for t in ts],
             "slice": lambda: [t[:] for t in ts],
+            "every-other": lambda: [t.clone() for t in ts] if self._odd(ts) else ts,
         }[self._how]()
+
+    def _odd(self, ts: list[torch.Tensor]) -> bool:
+        """Each attribute copies on its 1st, 3rd, ... read only (the second read returns the pool's memory)."""
+        reads = self.__dict__.setdefault("_reads", {})
+        reads[id(ts)] = reads.get(id(ts), 0) + 1
+        return bool(reads[id(ts)] % 2)
 
     @property
     def k_buffer(self) -> list[torch.Tensor]:
@@ -132,8 +166,8 @@ class _Getters:
 def copying_getters(draw: st.DrawFn) -> Case:
     layers = draw(st.integers(1, 3))
     ks, vs, page, ok = _kv(draw, layers)
-    how = draw(st.sampled_from(["clone", "contiguous", "view", "slice"]))
-    copies = how == "clone" or (how == "contiguous" and not ks[0].transpose(0, 1).is_contiguous())
+    how = draw(st.sampled_from(["clone", "contiguous", "view", "slice", "every-other"]))
+    copies = how in ("clone", "every-other") or (how == "contiguous" and not ks[0].transpose(0, 1).is_contiguous())
     nested = draw(st.booleans())
     pool: Any = _Getters(ks, vs, how, page)
     options: dict[str, Any] = {}

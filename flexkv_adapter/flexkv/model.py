@@ -92,8 +92,8 @@ def model_facts(model_config: object) -> ModelFacts:
             f"(RankInfo.num_layers_per_pp_stage); pass a mapping that adds num_layers_per_pp_stage"
         )
     use_mla, kv_dim = _field(model_config, "use_mla"), _field(model_config, "kv_dim")
-    if kv_dim is not _MISSING and kv_dim not in (1, 2):
-        raise PlanError(f"model_config.kv_dim must be 1 or 2, got {short_repr(kv_dim)}")
+    if kv_dim is not _MISSING:  # the one integer reader: True, 1.0 or 2.0 are no kv_dim (`in (1, 2)` took them)
+        kv_dim = bounded_integer(kv_dim, "model_config.kv_dim (1 or 2)", 1, 3, PlanError)
     if use_mla is not _MISSING and not isinstance(use_mla, bool):
         raise PlanError(f"model_config.use_mla must be a bool, got {short_repr(use_mla)}")
     return ModelFacts(
@@ -102,7 +102,7 @@ def model_facts(model_config: object) -> ModelFacts:
         head_size=positive_int(values["head_size"], "model_config.head_size"),
         dtype=dtype,
         tp_size=positive_int(values["tp_size"], "model_config.tp_size"),
-        kv_dim=None if kv_dim is _MISSING else int(kv_dim),
+        kv_dim=None if kv_dim is _MISSING else kv_dim,
         mla=use_mla if isinstance(use_mla, bool) else None,
     )
 
