@@ -148,16 +148,23 @@ def _head_size(model_config: Any, mla: bool, fp8: bool | None = False) -> int | 
     return latent + rope or None
 
 
+def _named_dtype(server_args: Any, environ: Any) -> tuple[str, str] | None:
+    """The dtype name FlexKV takes before the model's, with its source, in FlexKV's order; None if none."""
+    for name, value in (
+        ("FLEXKV_KV_CACHE_DTYPE", environ.get("FLEXKV_KV_CACHE_DTYPE")),
+        ("--kv-cache-dtype", getattr(server_args, "kv_cache_dtype", None)),
+    ):
+        if isinstance(value, str) and (name != "--kv-cache-dtype" or value != "auto"):
+            return name, value
+    return None
+
+
 def _flexkv_fp8(model_config: Any, server_args: Any, environ: Any = os.environ) -> bool | None:
     """Whether FlexKV's ModelConfig.dtype is float8_e4m3fn, by flexkv_itemsize's sources; None if unknown."""
     if environ.get("FLEXKV_CONFIG_PATH"):
         return None
-    for name, value in (
-        ("env", environ.get("FLEXKV_KV_CACHE_DTYPE")),
-        ("--kv-cache-dtype", getattr(server_args, "kv_cache_dtype", None)),
-    ):
-        if isinstance(value, str) and (name != "--kv-cache-dtype" or value != "auto"):
-            return value.lower() in ("fp8", "float8", "e4m3", "fp8_e4m3")
+    if (named := _named_dtype(server_args, environ)) is not None:
+        return named[1].lower() in ("fp8", "float8", "e4m3", "fp8_e4m3")
     return getattr(model_config, "dtype", torch.bfloat16) == torch.float8_e4m3fn
 
 
@@ -170,12 +177,9 @@ def flexkv_itemsize(model_config: Any, server_args: Any, environ: Any = os.envir
     """The element size of FlexKV's ModelConfig.dtype and where it comes from; None when a config file decides."""
     if environ.get("FLEXKV_CONFIG_PATH"):
         return None, "FLEXKV_CONFIG_PATH"
-    for name, value in (
-        ("FLEXKV_KV_CACHE_DTYPE", environ.get("FLEXKV_KV_CACHE_DTYPE")),
-        ("--kv-cache-dtype", getattr(server_args, "kv_cache_dtype", None)),
-    ):
-        if isinstance(value, str) and (name != "--kv-cache-dtype" or value != "auto"):
-            return _FLEXKV_ITEMSIZE.get(value.lower(), 2), f"{name} {value!r} (FlexKV reads unknown names as bfloat16)"
+    if (named := _named_dtype(server_args, environ)) is not None:
+        name, value = named
+        return _FLEXKV_ITEMSIZE.get(value.lower(), 2), f"{name} {value!r} (FlexKV reads unknown names as bfloat16)"
     dtype = getattr(model_config, "dtype", torch.bfloat16)
     return (dtype.itemsize, f"the model dtype {dtype}") if isinstance(dtype, torch.dtype) else (None, "")
 
