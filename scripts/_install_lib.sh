@@ -5,20 +5,41 @@
 
 say() { printf '%s\n' "$*" >&2; }
 
-# pip_q VENV ARGS...: a quiet pip install into VENV (local-index notices filtered out). A failure shows
-# in the import check each script ends with.
+# pip_q VENV ARGS...: a quiet pip install into VENV (local-index notices filtered out). Returns pip's
+# own status: a failed install stops the script that sourced this, it is never reported as done.
 pip_q() {
     local venv=$1
     shift
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored" || true
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "is ignored" || true; }
+    return "${PIPESTATUS[0]}"
+}
+
+# free_mb PATH: free space on PATH's filesystem, in MiB.
+free_mb() { df -Pm "$1" | awk 'NR == 2 {print $4}'; }
+
+# need_disk MB WHAT: stop before installing WHAT when the disk holding this checkout has less than
+# MB MiB free; a full disk half-way through an install leaves a broken environment and pip's trace.
+need_disk() {
+    local need=$1 what=$2 free
+    free=$(free_mb .)
+    if [ "$free" -lt "$need" ]; then
+        say "setup: $what needs about $((need / 1024 + 1)) GB free on $(df -P . | awk 'NR == 2 {print $6}'), and only $free MB is free."
+        say "setup: free some space (pip cache: $(python3 -m pip cache dir 2>/dev/null || echo '~/.cache/pip')) and run again"
+        exit 1
+    fi
 }
 
 # step WHAT SIZE TIME CMD...: say what is being installed, how big and how long, then run CMD.
+# A failure says so, with the free disk space (the usual cause), and stops the script.
 step() {
-    local what=$1 size=$2 eta=$3 t0=$SECONDS
+    local what=$1 size=$2 eta=$3 t0=$SECONDS rc=0
     shift 3
     say "setup: installing $what ($size, $eta) ..."
-    "$@"
+    "$@" || rc=$?
+    if [ "$rc" != 0 ]; then
+        say "setup: installing $what FAILED (exit $rc, after $((SECONDS - t0)) s; $(free_mb .) MB free on this disk)"
+        exit "$rc"
+    fi
     say "setup: $what: done in $((SECONDS - t0)) s"
 }
 

@@ -8,7 +8,11 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${SGLANG_VENV:-.venv-sglang}
 make_venv "$PYTHON" "$VENV"
-if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.memory_pool" 2>/dev/null; then
+# torch stays the PyPI build (CUDA libraries and all): SGLang imports torchvision at import time
+# (sglang.srt.configs), and PyPI's torchvision does not load beside the CPU build of torch.
+IMPORTS="import sglang.srt.mem_cache.memory_pool, sglang.srt.mem_cache.swa_memory_pool"
+if ! "$VENV/bin/python" -c "$IMPORTS" 2>/dev/null; then
+    need_disk 6656 "the SGLang tier ($VENV)"
     step "torch 2.14.1 + torchvision 0.29.1 into $VENV" "~4.5 GB on disk: torch 1.2 GB, its CUDA libraries 3.2 GB" "3-10 minutes" \
         pip_q "$VENV" torch==2.14.1 torchvision==0.29.1
     step "SGLang's import-time dependencies into $VENV" "~1.3 GB: triton, transformers, ..." "1-3 minutes" \
@@ -17,4 +21,5 @@ if ! "$VENV/bin/python" -c "import sglang.srt.mem_cache.memory_pool" 2>/dev/null
     step "sglang 0.5.23 (no dependency tree) into $VENV" "~220 MB" "under a minute" pip_q "$VENV" --no-deps sglang==0.5.23
 fi
 install_project "$VENV"
-"$VENV/bin/python" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"
+# the modules the tier's tests import, not just the top-level package
+"$VENV/bin/python" -c "$IMPORTS; import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"

@@ -3,15 +3,18 @@
 # FlexKVConnectorV1 class) into .venv-vllm, beside flexkv-adapter. vLLM 0.33.0 is installed without
 # its dependency tree (which wants CUDA kernels); these are the packages it needs at import time
 # for vllm.v1.worker.utils and the KV connector factory (found by trial). vllm._C is missing on CPU
-# and only warns. Idempotent.
+# and only warns. torch is the CPU build that lies on local disk (2.13.0): vLLM's CPU code paths
+# import and run on it, and it saves the 3.2 GB of CUDA libraries a PyPI torch brings. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
 make_venv "$PYTHON" "$VENV"
-if ! "$VENV/bin/python" -c "import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector" 2>/dev/null; then
-    step "torch 2.14.1 into $VENV" "~4.5 GB on disk: torch 1.2 GB, its CUDA libraries 3.2 GB" "3-10 minutes" pip_q "$VENV" torch==2.14.1
+IMPORTS="import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector"
+if ! "$VENV/bin/python" -c "$IMPORTS" 2>/dev/null; then
+    need_disk 3072 "the vLLM tier ($VENV)"
+    step "torch 2.13.0 (CPU build) into $VENV" "~750 MB on disk" "1-3 minutes" pip_q "$VENV" torch==2.13.0
     step "vLLM's import-time dependencies into $VENV" "~1.4 GB: triton, xgrammar, transformers, ..." "1-3 minutes" \
         pip_q "$VENV" cbor2 openai openai-harmony sniffio cachetools cloudpickle uvloop py-cpuinfo \
         prometheus_client xgrammar fastapi opentelemetry-api opentelemetry-sdk \
@@ -22,4 +25,5 @@ if ! "$VENV/bin/python" -c "import vllm.v1.worker.utils, vllm.distributed.kv_tra
         pip_q "$VENV" --no-deps vllm==0.33.0
 fi
 install_project "$VENV"
-"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+# the modules the tier's tests import, not just the top-level package
+"$VENV/bin/python" -c "$IMPORTS; import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -8,6 +8,7 @@ PYTHON=${PYTHON:-python3}
 make_venv "$PYTHON" .venv
 # torch first and pinned: the CPU build lies on local disk; an unpinned torch would pull a CUDA build.
 if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
+    need_disk 1536 "torch 2.13.0 (CPU build) in .venv"
     step "torch 2.13.0 (CPU build) into .venv" "~750 MB on disk" "1-3 minutes" pip_q .venv "torch==2.13.0"
 fi
 install_project .venv

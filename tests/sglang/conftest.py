@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import warnings
 from types import SimpleNamespace
@@ -35,6 +36,9 @@ else:
 
 
 def pytest_collection_modifyitems(config, items):
+    if SKIP_REASON and os.environ.get("FLEXKV_ADAPTER_TIER_REQUIRED") == "1":
+        # scripts/test.sh runs the tier where it just installed the engine: all-skipped is a failure there
+        raise pytest.UsageError(f"the sglang tier cannot run: {SKIP_REASON}")
     for item in items:
         if "tests/sglang/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.sglang)
