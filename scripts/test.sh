@@ -40,7 +40,7 @@ tier() {
     if [ "${!skip_var:-0}" = "1" ]; then
         skip "$name" "$skip_var=1 (tests/$name not run)"
     elif bash "scripts/install_${name}_cpu.sh"; then
-        FLEXKV_ADAPTER_TIER_REQUIRED=1 run "$name" ".venv-$name/bin/python" -m pytest -q -p no:cacheprovider "tests/$name"
+        REQUIRE_ENGINE_TIER=1 run "$name" ".venv-$name/bin/python" -m pytest -q -p no:cacheprovider "tests/$name"
     else
         SUMMARY+=("$(printf '%-12s %-8s %s' "$name" FAILED "install_${name}_cpu.sh failed")"); FAILED=1
     fi

@@ -58,3 +58,21 @@ def test_too_little_disk_stops_before_installing() -> None:
 
 def test_enough_disk_passes() -> None:
     assert _bash('need_disk 1 "a tiny tier"').returncode == 0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_required_tier_without_its_engine_fails_instead_of_skipping(engine: str) -> None:
+    """scripts/test.sh sets REQUIRE_ENGINE_TIER=1: a tier whose engine does not import is red."""
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec(engine) is not None:
+        pytest.skip(f"{engine} is importable here; the refusal needs an environment without it")
+    env = {**os.environ, "REQUIRE_ENGINE_TIER": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/{engine}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert out.returncode != 0
+    assert f"the {engine} tier cannot run: {engine} is not importable" in out.stdout + out.stderr
