@@ -182,9 +182,16 @@ class AdapterSettings(BaseSettings):
     @field_validator("server_recv_port")
     @classmethod
     def _ipc_path_fits(cls, value: str) -> str:
-        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must fit
-        a unix socket address (107 bytes), or ZMQ refuses it only once the remote binds it."""
+        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must be
+        absolute (or abstract, ``@name``) and fit a unix socket address (107 bytes), or ZMQ meets it only
+        once the remote binds it, relative to whichever directory that process runs in."""
         if value.startswith("ipc://"):
+            if not value[6:].startswith(("/", "@")):
+                raise ValueError(
+                    "is a relative ipc path: start_remote, the engine and FlexKV's server would each bind or "
+                    "connect it against their own working directory; give an absolute one, like "
+                    "ipc:///tmp/flexkv_server"
+                )
             longest = len(f"{value[6:]}{IPC_SUFFIX}".encode())
             if longest > IPC_PATH_MAX:
                 raise ValueError(
