@@ -17,10 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _bash(script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", "-c", f"set -euo pipefail; . scripts/_install_lib.sh; {script}; echo REACHED"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
 
 
