@@ -22,3 +22,13 @@ def absolute_ipc_endpoints(draw: st.DrawFn) -> str:
     """An absolute path or an abstract name (``@name``), both short enough for FlexKV's derived names."""
     start = draw(st.sampled_from(["/", "@", "/tmp/", "//"]))
     return f"ipc://{start}{draw(_REST)}"
+
+
+def values_outside(low: float, high: float) -> st.SearchStrategy[object]:
+    """What a duration setting bounded to [low, high] must refuse: numbers beyond either end, NaN and
+    infinities, booleans, and strings that are no number."""
+    return st.one_of(
+        st.floats(max_value=low, exclude_max=True, allow_nan=False),
+        st.floats(min_value=high, exclude_min=True),
+        st.sampled_from([float("nan"), float("inf"), float("-inf"), True, False, "soon", "", "1e400", "None"]),
+    )
