@@ -33,7 +33,7 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--master-ports", "master_ports", str, "command,result,query ports (FLEXKV_MASTER_PORTS)"),
     ("--nnodes", "nnodes", int, "number of nodes"),
     ("--node-rank", "node_rank", int, "this node's rank (must not be 0)"),
-    ("--server-recv-port", "server_recv_port", str, "FlexKV server port, identical on every node"),
+    ("--server-recv-port", "server_recv_port", str, "FlexKV server port, same on every node (ipc: absolute path)"),
     ("--transfer-manager", "transfer_manager", str, "module:Class of the remote transfer manager"),
     ("--connect-timeout", "connect_timeout_s", float, "seconds to wait for the master's ports"),
     ("--handshake-timeout", "handshake_timeout_s", float, "seconds to wait for the master's config"),
