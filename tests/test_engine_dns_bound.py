@@ -3,8 +3,10 @@ resolver does: a resolver that never answers is a ``socket.getaddrinfo`` blocked
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,28 +17,30 @@ from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
 PORTS = ("5556", "5557", "5558")
-HANG = "hangs.in-the-resolver.test"
+_names = itertools.count()
 BOUND_S = 20.0  # generous: without the bound the call never returns at all
 
 
 @pytest.fixture
 def resolver(monkeypatch):
-    """``socket.getaddrinfo`` that blocks for HANG until the test ends; lists the names it was asked to
-    look up. As the real one, it answers AI_NUMERICHOST calls without the resolver."""
+    """``socket.getaddrinfo`` that blocks for ``.hang`` (a name of this test alone, so no lookup of an
+    earlier test is joined) until the test ends, and lists in ``.calls`` the names it was asked to look
+    up. As the real one, it answers AI_NUMERICHOST calls without the resolver."""
     real, release, calls = socket.getaddrinfo, threading.Event(), []
+    hang = f"hangs-{next(_names)}.in-the-resolver.test"
 
     def blocking(host, *args, **kwargs):
         if kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
             return real(host, *args, **kwargs)
         calls.append(host)
-        if host == HANG:
+        if host == hang:
             release.wait()
             raise socket.gaierror(socket.EAI_NONAME, "released")
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", blocking)
     monkeypatch.setattr(external_remote, "_resolved", {}, raising=False)
-    yield calls
+    yield SimpleNamespace(hang=hang, calls=calls)
     release.set()
 
 
@@ -73,46 +77,50 @@ def endpoint():
 
 
 def test_a_health_host_that_hangs_in_the_resolver_ends_by_remote_wait_s(resolver, endpoint):
-    settings = load_settings(health_host=HANG, health_port=endpoint, remote_wait_s=0.5, remote_absent_s=0.5)
+    hang = resolver.hang
+    settings = load_settings(health_host=hang, health_port=endpoint, remote_wait_s=0.5, remote_absent_s=0.5)
     error = _outcome(lambda: wait_for_start_remote(settings, "10.0.0.1", PORTS, poll_s=0.05))
     assert isinstance(error, ExternalRemoteError), error
-    assert "start_remote" in str(error) and f"looking up '{HANG}' timed out" in str(error)
-    assert resolver.count(HANG) == 1  # one lookup in flight per name, not one per poll
+    assert "start_remote" in str(error) and f"looking up '{hang}' timed out" in str(error)
+    assert resolver.calls.count(hang) == 1  # one lookup in flight per name, not one per poll
 
 
 def test_a_master_name_that_hangs_in_the_resolver_ends_by_remote_wait_s(resolver, endpoint):
+    hang = resolver.hang
     settings = load_settings(health_port=endpoint, remote_wait_s=0.5, remote_absent_s=0.5)
-    error = _outcome(lambda: wait_for_start_remote(settings, HANG, PORTS, poll_s=0.05))
+    error = _outcome(lambda: wait_for_start_remote(settings, hang, PORTS, poll_s=0.05))
     assert isinstance(error, ExternalRemoteError), error
     text = str(error)
-    assert "start_remote answered" in text and f"its master 10.0.0.1:5556 is the engine's {HANG}:5556" in text
-    assert f"looking up '{HANG}' timed out" in text
+    assert "start_remote answered" in text and f"its master 10.0.0.1:5556 is the engine's {hang}:5556" in text
+    assert f"looking up '{hang}' timed out" in text
 
 
 def test_a_master_name_that_hangs_is_bounded_in_the_ready_file_path_too(resolver, tmp_path):
+    hang = resolver.hang
     ready = tmp_path / "ready.json"
     ready.write_text(f'{{"state": "ready", "master": "10.0.0.1:5556", "pid": {__import__("os").getpid()}}}')
     settings = load_settings(ready_file=ready, remote_wait_s=0.5)
-    error = _outcome(lambda: wait_for_start_remote(settings, HANG, PORTS))
-    assert isinstance(error, ExternalRemoteError) and f"looking up '{HANG}' timed out" in str(error), error
+    error = _outcome(lambda: wait_for_start_remote(settings, hang, PORTS))
+    assert isinstance(error, ExternalRemoteError) and f"looking up '{hang}' timed out" in str(error), error
 
 
 def test_one_lookup_per_name_is_in_flight_and_timeouts_are_not_remembered(resolver):
+    hang = resolver.hang
     for _ in range(3):
-        with pytest.raises(lookup.LookupTimedOut, match=HANG):
-            lookup.getaddrinfo(HANG, 80, 0.05)
-    assert resolver.count(HANG) == 1
+        with pytest.raises(lookup.LookupTimedOut, match=hang):
+            lookup.getaddrinfo(hang, 80, 0.05)
+    assert resolver.calls.count(hang) == 1
     with pytest.raises(lookup.LookupTimedOut):
-        external_remote._addresses(HANG, 0.05)
-    assert HANG not in external_remote._resolved  # the next poll asks again, with its own budget
+        external_remote._addresses(hang, 0.05)
+    assert hang not in external_remote._resolved  # the next poll asks again, with its own budget
 
 
 def test_names_that_resolve_and_ip_literals_still_work(resolver):
     server = _serve("127.0.0.1:5556")
-    resolver.clear()  # binding the endpoint looked its address up: start_remote's side
+    resolver.calls.clear()  # binding the endpoint looked its address up: start_remote's side
     try:
         settings = load_settings(health_host="localhost", health_port=server.address[1], remote_wait_s=10)
         assert isinstance(wait_for_start_remote(settings, "localhost", PORTS), ExternalRemote)
     finally:
         server.stop()
-    assert resolver.count("localhost") == 2 and "127.0.0.1" not in resolver  # literals skip the resolver
+    assert resolver.calls.count("localhost") == 2 and "127.0.0.1" not in resolver.calls  # literals skip the resolver

@@ -3,9 +3,10 @@
 ``urllib`` bounds each read, not the request: a port that trickles bytes, or sends one header
 line at a time, keeps it waiting for ever, and a port that speaks something else (an SSH banner,
 150 headers, a broken chunked body) raises ``http.client`` exceptions of its own. Here the whole
-exchange (name lookup, connect, send, every read) ends by one deadline, at most ``MAX_ANSWER`` bytes are read,
-and every failure is one :class:`ProbeFailed` with a readable reason. start_remote's endpoint
-answers ``HTTP/1.0`` with a ``Content-Length`` and closes, so nothing more is needed.
+exchange (name lookup, connect, send, every read) ends by one deadline, at most ``MAX_HEAD`` and
+``MAX_BODY`` bytes are read, and every failure is one :class:`ProbeFailed` with a readable reason.
+start_remote's endpoint answers ``HTTP/1.0`` with a ``Content-Length`` and closes, so nothing more
+is needed.
 """
 
 from __future__ import annotations

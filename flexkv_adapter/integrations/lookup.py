@@ -34,7 +34,8 @@ class _Lookup:
             self.error = exc
         finally:
             with _lock:
-                _pending.pop((self.host, self.port), None)
+                if _pending.get((self.host, self.port)) is self:
+                    del _pending[(self.host, self.port)]
             self.done.set()
 
 
