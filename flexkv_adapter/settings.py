@@ -48,6 +48,7 @@ ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit millisecon
 Seconds = Annotated[PositiveFloat, Field(le=WAIT_MAX_S)]
 SecondsOrZero = Annotated[NonNegativeFloat, Field(le=WAIT_MAX_S)]
 ZmqSeconds = Annotated[PositiveFloat, Field(le=ZMQ_MS_MAX_S)]
+FAILED_VISIBLE_MAX_S = 60.0  # the engine polls every 0.5 s; longer only delays a failed remote's restart
 IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
 # Settings the kernel, ZMQ, getaddrinfo or importlib receive as strings: none may hold NUL.
@@ -138,6 +139,7 @@ class AdapterSettings(BaseSettings):
     keep_cuda_visible_devices: bool = False
     health_host: str = "127.0.0.1"
     health_port: Port | None = None
+    failed_visible_s: Annotated[NonNegativeFloat, Field(le=FAILED_VISIBLE_MAX_S)] = 2.0  # serve `failed`, then exit
     ready_file: Path | None = None
     lock_dir: Path | None = None  # None: $XDG_RUNTIME_DIR, else a private /tmp/flexkv-adapter-<uid>
 
@@ -182,9 +184,16 @@ class AdapterSettings(BaseSettings):
     @field_validator("server_recv_port")
     @classmethod
     def _ipc_path_fits(cls, value: str) -> str:
-        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must fit
-        a unix socket address (107 bytes), or ZMQ refuses it only once the remote binds it."""
+        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must be
+        absolute (or abstract, ``@name``) and fit a unix socket address (107 bytes), or ZMQ meets it only
+        once the remote binds it, relative to whichever directory that process runs in."""
         if value.startswith("ipc://"):
+            if not value[6:].startswith(("/", "@")):
+                raise ValueError(
+                    "is a relative ipc path: start_remote, the engine and FlexKV's server would each bind or "
+                    "connect it against their own working directory; give an absolute one, like "
+                    "ipc:///tmp/flexkv_server"
+                )
             longest = len(f"{value[6:]}{IPC_SUFFIX}".encode())
             if longest > IPC_PATH_MAX:
                 raise ValueError(

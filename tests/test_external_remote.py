@@ -96,8 +96,8 @@ def test_a_start_remote_serving_another_master_is_refused(health, host, ports, r
 def test_master_names_are_compared_by_address():
     from flexkv_adapter.integrations.external_remote import _same_host
 
-    assert _same_host("localhost", "127.0.0.1") and not _same_host("10.0.0.1", "10.0.0.2")
-    assert _same_host("no-such-host.invalid", "10.0.0.1")  # cannot tell: not refused on a guess
+    assert _same_host("localhost", "127.0.0.1", 30) and not _same_host("10.0.0.1", "10.0.0.2", 30)
+    assert _same_host("no-such-host.invalid", "10.0.0.1", 30)  # cannot tell: not refused on a guess
 
 
 def test_without_health_port_or_ready_file_it_refuses_before_waiting():

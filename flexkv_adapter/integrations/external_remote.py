@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from ..errors import AdapterError
 from ..pids import alive
 from ..settings import AdapterSettings
 from ..text import clip
-from . import health_probe
+from . import health_probe, lookup
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +159,7 @@ def wait_for_start_remote(
         )
     expected = f"{master_host}:{_first_port(master_ports)}"
     if settings.health_port is None and settings.ready_file is not None:
-        return _from_ready_file(settings.ready_file, expected)
+        return _from_ready_file(settings.ready_file, expected, settings.remote_wait_s)
     start = clock()
     answered: Probe | None = None  # the last answer with a state, and when it came
     answered_at = start
@@ -183,7 +181,7 @@ def wait_for_start_remote(
         if seen.state is not None:  # only a fresh answer counts: a kept one would restart remote_absent_s
             # a pid this process cannot see (another pid namespace) proves nothing later
             answered, answered_at = (last if last.pid is None or alive(last.pid) else replace(last, pid=None)), now
-            _check_master(last, expected)
+            _check_master(last, expected, min(start + settings.remote_wait_s, now + settings.remote_absent_s) - now)
             if last.state in PROCEED_STATES:
                 logger.info("remote: external: start_remote is up (%s); nothing spawned", last.seen)
                 return ExternalRemote(last.seen)
@@ -216,11 +214,11 @@ def _check_gone(answered: Probe, last: Probe, silent_s: float, absent_s: float) 
         )
 
 
-def _from_ready_file(path: Path, expected: str) -> ExternalRemote:
+def _from_ready_file(path: Path, expected: str, budget_s: float) -> ExternalRemote:
     """Without the health endpoint only a remote that is ready already can be seen; waiting would deadlock."""
     probe = probe_ready_file(path)
     if probe.state in PROCEED_STATES:
-        _check_master(probe, expected)
+        _check_master(probe, expected, budget_s)
         logger.info("remote: external: start_remote is up (%s); nothing spawned", probe.seen)
         return ExternalRemote(probe.seen)
     raise ExternalRemoteError(
@@ -237,33 +235,50 @@ def _first_port(ports: Any) -> str:
         return str(ports)
 
 
-def _check_master(probe: Probe, expected: str) -> None:
-    """start_remote must serve the master this engine registers with, or the registration goes nowhere."""
+def _check_master(probe: Probe, expected: str, budget_s: float) -> None:
+    """start_remote must serve the master this engine registers with, or the registration goes nowhere.
+    Names are looked up within ``budget_s`` (what is left of the engine's deadline)."""
     if probe.master is None:
         return
     host, _, port = probe.master.rpartition(":")
     want_host, _, want_port = expected.rpartition(":")
-    if port != want_port or not _same_host(host, want_host):
+    try:
+        same = port == want_port and _same_host(host, want_host, budget_s)
+    except lookup.LookupTimedOut as exc:
+        raise ExternalRemoteError(
+            f"start_remote answered ({probe.seen}), but whether its master {probe.master} is the engine's "
+            f"{expected} cannot be told: {exc}, before the engine's deadline (remote_wait_s/remote_absent_s). "
+            f"Give the master as an IP address, or fix this node's resolver"
+        ) from None
+    if not same:
         raise ExternalRemoteError(
             f"start_remote serves master {probe.master} but the engine's FlexKV uses {expected} (its host from "
             f"--dist-init-addr, its ports from FLEXKV_MASTER_PORTS); give both the same master"
         )
 
 
-@lru_cache(maxsize=16)
-def _addresses(host: str) -> frozenset[str]:
-    """Resolved once per name: the master is compared on every poll."""
-    try:
-        return frozenset(str(info[4][0]) for info in socket.getaddrinfo(host, None))
-    except (OSError, UnicodeError):
-        return frozenset()
+_resolved: dict[str, frozenset[str]] = {}  # once per name: the master is compared on every poll
 
 
-def _same_host(a: str, b: str) -> bool:
+def _addresses(host: str, budget_s: float) -> frozenset[str]:
+    """The name's addresses (none for a name that does not resolve); :class:`lookup.LookupTimedOut`
+    when the resolver does not answer within ``budget_s``, which is not remembered."""
+    if host not in _resolved:
+        try:
+            found = frozenset(str(info[4][0]) for info in lookup.getaddrinfo(host, None, budget_s))
+        except (OSError, UnicodeError, ValueError):
+            found = frozenset()
+        if len(_resolved) >= 16:
+            _resolved.clear()
+        _resolved[host] = found
+    return _resolved[host]
+
+
+def _same_host(a: str, b: str, budget_s: float) -> bool:
     """Equal names, or names resolving to a common address; unresolvable names are not judged."""
     if a == b:
         return True
-    found_a, found_b = _addresses(a), _addresses(b)
+    found_a, found_b = _addresses(a, budget_s), _addresses(b, budget_s)
     return not found_a or not found_b or bool(found_a & found_b)
 
 

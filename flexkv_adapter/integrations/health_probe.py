@@ -3,9 +3,10 @@
 ``urllib`` bounds each read, not the request: a port that trickles bytes, or sends one header
 line at a time, keeps it waiting for ever, and a port that speaks something else (an SSH banner,
 150 headers, a broken chunked body) raises ``http.client`` exceptions of its own. Here the whole
-exchange (connect, send, every read) ends by one deadline, at most ``MAX_ANSWER`` bytes are read,
-and every failure is one :class:`ProbeFailed` with a readable reason. start_remote's endpoint
-answers ``HTTP/1.0`` with a ``Content-Length`` and closes, so nothing more is needed.
+exchange (name lookup, connect, send, every read) ends by one deadline, at most ``MAX_HEAD`` and
+``MAX_BODY`` bytes are read, and every failure is one :class:`ProbeFailed` with a readable reason.
+start_remote's endpoint answers ``HTTP/1.0`` with a ``Content-Length`` and closes, so nothing more
+is needed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import re
 import socket
 import time
+
+from . import lookup
 
 MAX_HEAD = 16 * 1024  # start_remote sends four header lines
 MAX_BODY = 64 * 1024  # and a small JSON body
@@ -60,15 +63,36 @@ def _content_length(head: bytes) -> int | None:
     return None
 
 
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    """``socket.create_connection``, with the name lookup inside the same deadline as the connect."""
+    error: OSError | None = None
+    for family, kind, proto, _, address in lookup.getaddrinfo(host, port, _left(deadline)):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(_left(deadline))
+            sock.connect(address)
+            return sock
+        except OSError as exc:  # the next address, as create_connection does
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise error or OSError(f"{host!r} has no address")
+
+
 def get(host: str, port: int, timeout_s: float) -> tuple[int, bytes]:
-    """``GET /`` within ``timeout_s`` in all: the status code and the body (at most ``MAX_BODY``)."""
+    """``GET /`` within ``timeout_s`` in all, the name lookup included: the status code and the body
+    (at most ``MAX_BODY``)."""
     deadline = time.monotonic() + max(0.0, timeout_s)
     try:
-        with socket.create_connection((_client_host(host), port), timeout=_left(deadline)) as sock:
+        with _connect(_client_host(host), port, deadline) as sock:
             sock.sendall(b"GET / HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             data = _receive(sock, deadline)
     except ProbeFailed:
         raise
+    except lookup.LookupTimedOut as exc:
+        raise ProbeFailed(str(exc)) from None
     except TimeoutError:
         raise ProbeFailed("timed out") from None
     except (OSError, UnicodeError, ValueError, OverflowError) as exc:  # refused, reset, a bad name

@@ -26,7 +26,6 @@ from .supervisor import Signals, Supervisor
 
 logger = logging.getLogger("flexkv_adapter.remote")
 T = TypeVar("T")
-FAILED_VISIBLE_S = 2.0  # the health endpoint keeps serving `failed` this long (a stop signal cuts it short)
 
 # command-line flag -> settings field (flags win over every other source)
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -34,7 +33,7 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--master-ports", "master_ports", str, "command,result,query ports (FLEXKV_MASTER_PORTS)"),
     ("--nnodes", "nnodes", int, "number of nodes"),
     ("--node-rank", "node_rank", int, "this node's rank (must not be 0)"),
-    ("--server-recv-port", "server_recv_port", str, "FlexKV server port, identical on every node"),
+    ("--server-recv-port", "server_recv_port", str, "FlexKV server port, same on every node (ipc: absolute path)"),
     ("--transfer-manager", "transfer_manager", str, "module:Class of the remote transfer manager"),
     ("--connect-timeout", "connect_timeout_s", float, "seconds to wait for the master's ports"),
     ("--handshake-timeout", "handshake_timeout_s", float, "seconds to wait for the master's config"),
@@ -51,6 +50,12 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ),
     ("--health-host", "health_host", str, "health endpoint address"),
     ("--health-port", "health_port", int, "health endpoint port (off unless set)"),
+    (
+        "--failed-visible",
+        "failed_visible_s",
+        float,
+        "after a failure, seconds the health endpoint keeps serving `failed` before the exit (0 to 60)",
+    ),
     ("--ready-file", "ready_file", str, "file present (JSON) only while ready"),
     ("--lock-dir", "lock_dir", str, "existing directory of the lock (default: $XDG_RUNTIME_DIR or a private one)"),
 )
@@ -172,8 +177,9 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         code = exc.code
         if tracker is not None:
             tracker.set(State.FAILED, str(exc))
-            if health is not None and not signals.event.is_set():  # let the engine's poll read why
-                signals.wait(FAILED_VISIBLE_S)
+            if health is not None and s.failed_visible_s > 0 and not signals.event.is_set():
+                logger.info("serving state failed for failed_visible_s=%g s for the engine", s.failed_visible_s)
+                signals.wait(s.failed_visible_s)  # a stop signal cuts it short
     finally:
         if health is not None:
             health.stop()

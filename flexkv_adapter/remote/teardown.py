@@ -47,8 +47,8 @@ def _logged(stop: Callable[[], Any]) -> Callable[[], None]:
 
 def _unlink_ipc(register_port: object) -> None:
     """Remove the register/control socket files: libzmq would, but only once its context ends."""
-    if not isinstance(register_port, str) or not register_port.startswith("ipc://"):
-        return
+    if not isinstance(register_port, str) or not register_port.startswith("ipc:///"):
+        return  # tcp, or an abstract ipc name (@...): no file to remove
     for path in (register_port[6:], f"{register_port[6:]}_control"):
         with contextlib.suppress(OSError):
             if stat.S_ISSOCK(os.lstat(path).st_mode) and not _bound_elsewhere(path):

@@ -207,8 +207,9 @@ def test_in_tree_connector_on_current_flexkv_is_refused_at_once(sglang_env, mode
     [
         ({"FLEXKV_ADAPTER_REMOTE": "exernal"}, "(?s)loading its settings.*remote='exernal'"),
         ({"FLEXKV_ADAPTER_CONFIG": "{yaml}"}, "(?s)loading its settings.*bad.yaml is invalid YAML: line 2"),
+        ({"FLEXKV_SERVER_RECV_PORT": "ipc://flexkv/sock"}, "(?s)loading its settings.*relative ipc path"),
     ],
-    ids=["bad-value", "malformed-yaml"],
+    ids=["bad-value", "malformed-yaml", "relative-ipc"],
 )
 def test_settings_that_fail_to_load_stop_the_connector(sglang_env, models, tmp_path, env, match):
     (tmp_path / "bad.yaml").write_text("remote: [external\n")

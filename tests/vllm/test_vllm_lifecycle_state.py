@@ -225,3 +225,12 @@ def test_the_metadata_reaches_worker_processes_intact():
 
     meta = FlexKVAdapterMetadata(recving=frozenset({"B"}), load_errors=frozenset({4, 5, 6}))
     assert pickle.loads(pickle.dumps(meta)) == meta
+
+
+def test_a_relative_ipc_server_recv_port_refuses_the_connector(plugged, tmp_path, monkeypatch):
+    """FlexKV's server and each engine process would resolve it against their own working directory."""
+    from flexkv_adapter.errors import SettingsError
+
+    monkeypatch.setenv("FLEXKV_SERVER_RECV_PORT", "ipc://flexkv/sock")
+    with pytest.raises(SettingsError, match="server_recv_port='ipc://flexkv/sock'.*relative ipc path"):
+        Engine(plugged, tmp_path)

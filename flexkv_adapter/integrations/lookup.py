@@ -1,0 +1,72 @@
+"""Name lookups that end by a deadline: ``getaddrinfo`` has no timeout of its own.
+
+A resolver that does not answer (a dead DNS server, an unreachable search domain) would hold the
+engine past ``remote_wait_s`` in a lookup of ``health_host`` or of the master's name. Here the
+lookup runs in a daemon thread and the caller waits at most its budget. One lookup per name and
+port is in flight at a time: a resolver that never answers costs one thread per name, not one per
+poll, and a late answer serves whoever waits on it then. IP literals never reach the resolver.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+AddrInfo = tuple[Any, ...]  # (family, type, proto, canonname, sockaddr), as socket.getaddrinfo returns
+
+
+class LookupTimedOut(Exception):
+    """The resolver did not answer within the budget (the lookup goes on in its thread)."""
+
+
+class _Lookup:
+    def __init__(self, host: str, port: int | None) -> None:
+        self.host, self.port = host, port
+        self.done = threading.Event()
+        self.found: list[AddrInfo] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.found = list(socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
+        except BaseException as exc:  # handed to every waiter: gaierror, a bad name, anything
+            self.error = exc
+        finally:
+            with _lock:
+                if _pending.get((self.host, self.port)) is self:
+                    del _pending[(self.host, self.port)]
+            self.done.set()
+
+
+_lock = threading.Lock()
+_pending: dict[tuple[str, int | None], _Lookup] = {}
+
+
+def _numeric(host: str, port: int | None) -> list[AddrInfo] | None:
+    try:
+        return list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST))
+    except (OSError, UnicodeError, ValueError):
+        return None
+
+
+def getaddrinfo(host: str, port: int | None, timeout_s: float) -> list[AddrInfo]:
+    """``socket.getaddrinfo(host, port, type=SOCK_STREAM)`` within ``timeout_s``, or :class:`LookupTimedOut`.
+
+    The resolver's own errors (``socket.gaierror``, ``UnicodeError`` for a bad name) pass through."""
+    found = _numeric(host, port)
+    if found is not None:
+        return found
+    with _lock:
+        lookup = _pending.get((host, port))
+        if lookup is None:
+            lookup = _pending[(host, port)] = _Lookup(host, port)
+            threading.Thread(target=lookup.run, name=f"lookup {host[:40]}", daemon=True).start()
+    if not lookup.done.wait(max(0.0, timeout_s)):
+        raise LookupTimedOut(f"looking up {host!r} timed out: the resolver did not answer within {timeout_s:.3g} s")
+    if lookup.error is not None:
+        raise lookup.error
+    return lookup.found
+
+
+__all__ = ["AddrInfo", "LookupTimedOut", "getaddrinfo"]
