@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import UnsupportedPoolError
+from .hybrid_ids import inverse
 from .probe import probe, probe_int
 
 if TYPE_CHECKING:
@@ -182,8 +183,9 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     planes: list[Plane] = []
     if (k_only := probe(pool, "index_k_pool")) is not None:
         mapping = probe(pool, "index_k_layer_id_mapping")
+        layers = list(inverse(pool, "index_k_layer_id_mapping", mapping)) if isinstance(mapping, Mapping) else "?"
         raise PartialPoolError(
-            f"{type(pool).__name__}.index_k_pool (layers {sorted(mapping) if isinstance(mapping, Mapping) else '?'})"
+            f"{type(pool).__name__}.index_k_pool (layers {layers})"
             f" holds K without V ({type(k_only).__name__}): FlexKV's layer groups under an MHA pool copy K and V "
             f"planes per layer (kv_dim=2 from group 0), so it has no exact registration; it is not offloaded "
             f"partially either. Build the pool without disable_value_sparse_layer_ids, or serve without FlexKV"
@@ -194,7 +196,7 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     k, v = _tensors(probe(sub, "k_buffer")), _tensors(probe(sub, "v_buffer"))
     if not (k and v and isinstance(mapping, Mapping)) or probe_int(sub, "page_size") != view.page_size:
         raise PartialPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
-    ids = [g for g, _ in sorted(mapping.items(), key=lambda item: item[1])]
+    ids = inverse(pool, "index_kv_layer_id_mapping", mapping)  # the one reading of a wrapper's id mapping
     kv_rows = _kv_rows(probe(pool, "main_pool"))
     planes.append(_plane("index_kv_pool.k_buffer/v_buffer", [k, v], ids, kv_rows, view.page_size))
     planes += _scale_planes(sub, ids, view.page_size, "index_kv_pool.")
