@@ -77,10 +77,14 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
                 f"{pool!r} is already adapted; to change options adapt its source: adapt(view.source, ...)"
             )
         return pool
-    source = locate_source(pool, page_size, given)  # every input becomes one record
+    return adapt_source(locate_source(pool, page_size, given))  # every input becomes one record
+
+
+def adapt_source(source: Source) -> PoolView:
+    """The rest of the pipeline for a located record (:func:`~flexkv_adapter.flexkv.plan` enters here too)."""
     if source.vllm:
         kind, ids = source.options.get("kind"), source.options.get("layer_ids")
-        return adapt_vllm(pool, source.page_size, kind, ids)  # type: ignore[arg-type]
+        return adapt_vllm(source.pool, source.page_size, kind, ids)  # type: ignore[arg-type]
     view = _adapt_plain(source.holder, source.page_size, source.options, source.label)
     return _label_and_policy(source, view)
 

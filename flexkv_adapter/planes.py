@@ -203,8 +203,15 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     return planes
 
 
+def carries_planes(pool: object) -> bool:
+    """Whether :func:`describe` has anything to describe: a MiniMax main pool, a DSA indexer, scale planes."""
+    return any(probe(pool, n) is not None for n in ("main_pool", "index_k_with_scale_buffer", *SCALE_PLANES))
+
+
 def describe(pool: object, view: PoolView) -> WholePool | None:
     """The planes beside ``view``'s KV that share its page ids, or None when there are none."""
+    if not carries_planes(pool):
+        return None
     page = view.page_size
     if probe(pool, "main_pool") is not None:
         main = probe(pool, "main_pool")
@@ -257,4 +264,4 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
         )
 
 
-__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "describe"]
+__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carries_planes", "describe"]
