@@ -1,0 +1,93 @@
+"""adapt() and plan() never disagree on a pool with state beside its KV: one pipeline, one hybrid policy.
+
+For every kind the policy decides on, with every ``hybrid=``/``kind=``/``page_size=`` a caller may pass
+and layer ids written as Python, numpy or 0-d tensor integers (or hostile values): ``plan(pool, **o)``
+is exactly ``plan(adapt(pool, **o))`` (the same FlexKV registration, tensor for tensor, or the same error
+class), and a refusal by adapt() is a refusal by plan(). The one asymmetry is documented
+(docs/hybrids.md): ``hybrid="error"`` on a DSA pool is the KV alone for a connector that reads the
+indexer itself; adapt() hands it out, plan(), which would register it without the indexer, refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from flexkv_adapter import AdapterError, adapt
+from flexkv_adapter.errors import PlanError
+from flexkv_adapter.flexkv import plan
+
+from .strategies_hybrid import HOSTILE_IDS, hybrid_pools
+
+SOME = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _tensors(ts: Any) -> tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]:
+    return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride())) for t in ts)
+
+
+def _plan_key(p: Any) -> tuple[Any, ...]:
+    groups = tuple((g.name, g.layer_indices, g.head_size, g.compress_ratio, _tensors(g.tensors)) for g in p.groups)
+    fields = tuple(sorted(p.layout_fields().items()))
+    return (fields, p.layer_ids, p.dtype, p.kind, _tensors(p.tensors), groups)
+
+
+def _outcome(call: Any) -> tuple[str, Any, str]:
+    try:
+        return "ok", call(), ""
+    except AdapterError as exc:
+        return "refused", type(exc), str(exc)
+
+
+def _key(outcome: tuple[str, Any, str]) -> Any:
+    status, value, _ = outcome
+    return (status, _plan_key(value) if status == "ok" else value)
+
+
+@SOME
+@given(hybrid_pools())
+def test_plan_of_a_pool_is_plan_of_its_adapted_view(case):
+    pool, options, notes = case
+    logging.disable(logging.WARNING)  # attention_only warns once per call; the outcome is what counts
+    try:
+        adapted = _outcome(lambda: adapt(pool, **options))
+        planned = _outcome(lambda: plan(pool, **options))
+        via_view = _outcome(lambda: plan(adapted[1])) if adapted[0] == "ok" else adapted
+    finally:
+        logging.disable(logging.NOTSET)
+    context = f"{notes} {options}: adapt {adapted[0]} {adapted[2][:200]} / plan {planned[0]} {planned[2][:200]}"
+    if adapted[0] == "refused":
+        assert planned[0] == "refused" and planned[1] is adapted[1], context
+    else:
+        assert _key(planned) == _key(via_view), context
+    if adapted[0] == "ok" and planned[0] == "refused":  # the one documented asymmetry
+        view = adapted[1]
+        assert planned[1] is PlanError and "holds the KV alone" in planned[2], context
+        assert notes["kind"] == "dsa" and options.get("hybrid") == "error" and view.whole is None, context
+    if planned[0] == "ok":
+        view, p = adapted[1], planned[1]
+        assert list(p.layer_ids) == list(view.layer_ids) and _tensors(p.tensors) == _tensors(view.tensors()), context
+        assert all(type(i) is int for i in p.layer_ids), context
+    if notes["ids"] in HOSTILE_IDS and notes["kind"] in ("swa", "linear", "minimax"):
+        assert adapted[0] == "refused", context
+
+
+@pytest.mark.parametrize("mode", [None, "error", "attention_only"])
+def test_raw_paged_kv_with_scales_is_not_planned_without_them(mode):
+    """plan() registered raw paged tensors as they are, past the hybrid policy: their scale planes were dropped."""
+    pool = SimpleNamespace(
+        kv_buffer=[torch.zeros(4, 4, 8, dtype=torch.bfloat16) for _ in range(2)],
+        kv_scale_buffer=[torch.zeros(16, 4, dtype=torch.uint8) for _ in range(2)],
+    )
+    options = {} if mode is None else {"hybrid": mode}
+    adapted, planned = _outcome(lambda: adapt(pool, **options)), _outcome(lambda: plan(pool, **options))
+    assert adapted[0] == planned[0]
+    if mode != "attention_only":  # the scales cannot be matched to these pages: refused by name, never dropped
+        assert planned[:2] == adapted[:2] and "kv_scale_buffer" in planned[2]
+    else:
+        assert planned[1].layer_ids == (0, 1) and _tensors(planned[1].tensors) == _tensors(adapted[1].tensors())
