@@ -54,6 +54,10 @@ class Plane:
     rows_per_block: int  # tensor rows per page: page_size for token-indexed planes, 1 for page-indexed
     kv: bool
 
+    def chunk_bytes(self, page_size: int) -> int:
+        """Bytes of one (layer, kv, page) chunk of this plane, as FlexKV's group of it copies them."""
+        return page_size // self.compress_ratio * self.num_heads * self.head_size * self.dtype.itemsize
+
 
 @dataclass(frozen=True)
 class LeftOut:

@@ -19,10 +19,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from flexkv_adapter import AdapterError, adapt
-from flexkv_adapter.errors import PlanError
+from flexkv_adapter.errors import NotAddressableError, PlanError
 from flexkv_adapter.flexkv import plan
 
 from .strategies_hybrid import HOSTILE_IDS, hybrid_pools
+from .test_whole_geometry import mla_fp4_like
 
 SOME = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -91,3 +92,12 @@ def test_raw_paged_kv_with_scales_is_not_planned_without_them(mode):
         assert planned[:2] == adapted[:2] and "kv_scale_buffer" in planned[2]
     else:
         assert planned[1].layer_ids == (0, 1) and _tensors(planned[1].tensors) == _tensors(adapted[1].tensors())
+
+
+@pytest.mark.parametrize(("page", "layers"), [(2, 1), (2, 3), (6, 3)])
+def test_a_whole_view_flexkv_would_fault_on_is_refused_by_adapt_as_by_plan(page, layers):
+    """adapt() handed out whole views whose packed CPU block FlexKV's 16-byte kernel faults on; plan() refused."""
+    for call in (adapt, plan):
+        with pytest.raises(NotAddressableError, match="packs each CPU block group after group"):
+            call(mla_fp4_like(page, layers))
+    assert adapt(mla_fp4_like(16, layers)).whole is not None  # 16-byte multiples: offloaded whole
