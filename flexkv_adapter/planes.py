@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # Tables SGLang derives from the planes (pointer and stride arrays for its kernels): not state.
 DERIVED = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides", "kv_data_ptrs"})
+# Layer ids (read as ids by hybrid_ids/labels; numpy or tensor ids are metadata there, not page-indexed state).
+LAYER_METADATA = frozenset({"model_layer_ids", "mamba_layer_ids"})
 # The KV planes every view already registers, and the planes described here.
 PRIMARY = frozenset({"k_buffer", "v_buffer", "kv_buffer"})
 SCALE_PLANES = ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer")
@@ -259,7 +261,7 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
         for attr, value in (vars(owner) if owner is not None and hasattr(owner, "__dict__") else {}).items():
             found = [value] if isinstance(value, torch.Tensor) else _tensors(value) or []
             lost = [t for t in found if t.numel() and not _inside(_span(t), covered)]
-            if lost and attr not in DERIVED | PRIMARY:
+            if lost and attr not in DERIVED | PRIMARY | LAYER_METADATA:
                 unknown.append(f"{type(owner).__name__}.{attr}")
     if unknown:
         raise PartialPoolError(

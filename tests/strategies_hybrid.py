@@ -120,8 +120,12 @@ def hybrid_pools(draw: st.DrawFn) -> tuple[Any, dict[str, Any], dict[str, Any]]:
             kv_buffer=[torch.randn(ROWS // PS, PS, 2 * DIM).to(DTYPE) for _ in range(n)],
             kv_scale_buffer=[torch.zeros(ROWS, 4, dtype=torch.uint8) for _ in range(n)],
         )
-    if kind in ("swa", "linear", "minimax") and draw(st.booleans()):
-        pool.page_size = PS
+    if kind in ("swa", "linear", "minimax"):
+        for sub in (getattr(pool, a, None) for a in ("full_kv_pool", "swa_kv_pool", "main_pool")):
+            if getattr(sub, "model_layer_ids", None) is not None:  # SGLang's patched global ids, same type
+                sub.model_layer_ids = [conv(i) for i in sub.model_layer_ids]
+        if draw(st.booleans()):
+            pool.page_size = PS
     options: dict[str, Any] = {}
     if (mode := draw(st.sampled_from([None, "error", "attention_only"]))) is not None:
         options["hybrid"] = mode
