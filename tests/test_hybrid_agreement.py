@@ -10,72 +10,33 @@ indexer itself; adapt() hands it out, plan(), which would register it without th
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from flexkv_adapter import AdapterError, adapt
-from flexkv_adapter.errors import NotAddressableError, PlanError
+from flexkv_adapter import InconsistentLayersError, adapt
+from flexkv_adapter.errors import NotAddressableError
 from flexkv_adapter.flexkv import plan
 
+from .hybrid_agreement import agreement, is_documented_asymmetry, outcome, tensors_key
 from .strategies_hybrid import HOSTILE_IDS, hybrid_pools
 from .test_whole_geometry import mla_fp4_like
 
 SOME = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _tensors(ts: Any) -> tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]:
-    return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride())) for t in ts)
-
-
-def _plan_key(p: Any) -> tuple[Any, ...]:
-    groups = tuple((g.name, g.layer_indices, g.head_size, g.compress_ratio, _tensors(g.tensors)) for g in p.groups)
-    fields = tuple(sorted(p.layout_fields().items()))
-    return (fields, p.layer_ids, p.dtype, p.kind, _tensors(p.tensors), groups)
-
-
-def _outcome(call: Any) -> tuple[str, Any, str]:
-    try:
-        return "ok", call(), ""
-    except AdapterError as exc:
-        return "refused", type(exc), str(exc)
-
-
-def _key(outcome: tuple[str, Any, str]) -> Any:
-    status, value, _ = outcome
-    return (status, _plan_key(value) if status == "ok" else value)
-
-
 @SOME
 @given(hybrid_pools())
 def test_plan_of_a_pool_is_plan_of_its_adapted_view(case):
     pool, options, notes = case
-    logging.disable(logging.WARNING)  # attention_only warns once per call; the outcome is what counts
-    try:
-        adapted = _outcome(lambda: adapt(pool, **options))
-        planned = _outcome(lambda: plan(pool, **options))
-        via_view = _outcome(lambda: plan(adapted[1])) if adapted[0] == "ok" else adapted
-    finally:
-        logging.disable(logging.NOTSET)
+    adapted, planned = agreement(pool, options)
     context = f"{notes} {options}: adapt {adapted[0]} {adapted[2][:200]} / plan {planned[0]} {planned[2][:200]}"
-    if adapted[0] == "refused":
-        assert planned[0] == "refused" and planned[1] is adapted[1], context
-    else:
-        assert _key(planned) == _key(via_view), context
     if adapted[0] == "ok" and planned[0] == "refused":  # the one documented asymmetry
-        view = adapted[1]
-        assert planned[1] is PlanError and "holds the KV alone" in planned[2], context
-        assert notes["kind"] == "dsa" and options.get("hybrid") == "error" and view.whole is None, context
-    if planned[0] == "ok":
-        view, p = adapted[1], planned[1]
-        assert list(p.layer_ids) == list(view.layer_ids) and _tensors(p.tensors) == _tensors(view.tensors()), context
-        assert all(type(i) is int for i in p.layer_ids), context
+        assert notes["kind"] == "dsa" and is_documented_asymmetry(adapted, planned, options), context
     if notes["ids"] in HOSTILE_IDS and notes["kind"] in ("swa", "linear", "minimax"):
-        assert adapted[0] == "refused", context
+        assert adapted[0] == "refused" and adapted[1] is InconsistentLayersError, context
 
 
 @pytest.mark.parametrize("mode", [None, "error", "attention_only"])
@@ -86,12 +47,12 @@ def test_raw_paged_kv_with_scales_is_not_planned_without_them(mode):
         kv_scale_buffer=[torch.zeros(16, 4, dtype=torch.uint8) for _ in range(2)],
     )
     options = {} if mode is None else {"hybrid": mode}
-    adapted, planned = _outcome(lambda: adapt(pool, **options)), _outcome(lambda: plan(pool, **options))
+    adapted, planned = outcome(lambda: adapt(pool, **options)), outcome(lambda: plan(pool, **options))
     assert adapted[0] == planned[0]
     if mode != "attention_only":  # the scales cannot be matched to these pages: refused by name, never dropped
         assert planned[:2] == adapted[:2] and "kv_scale_buffer" in planned[2]
     else:
-        assert planned[1].layer_ids == (0, 1) and _tensors(planned[1].tensors) == _tensors(adapted[1].tensors())
+        assert planned[1].layer_ids == (0, 1) and tensors_key(planned[1].tensors) == tensors_key(adapted[1].tensors())
 
 
 @pytest.mark.parametrize(("page", "layers"), [(2, 1), (2, 3), (6, 3)])
