@@ -58,6 +58,8 @@ def _mla(ids: list[int], rows: int = ROWS) -> SimpleNamespace:
 
 
 def _child(kind: str, ids: list[int], rows: int = ROWS) -> SimpleNamespace:
+    if kind == "mla-paged":  # raw per-layer pages [P, T, D]: a reading plan() registers as is
+        return SimpleNamespace(kv_buffer=[torch.randn(rows // PS, PS, 2 * DIM).to(DTYPE) for _ in ids], page_size=PS)
     return _mha(ids, rows) if kind == "mha" else _mla(ids, rows)
 
 
@@ -72,7 +74,7 @@ def _split(draw: st.DrawFn, n: int) -> tuple[list[int], list[int]]:
 def hybrid_pools(draw: st.DrawFn) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(pool, options, notes): one pool of a kind the policy decides on, and options to pass."""
     kind = draw(st.sampled_from(["swa", "linear", "minimax", "quantised", "dsa", "raw-paged-scales"]))
-    child = draw(st.sampled_from(["mha", "mla"]))
+    child = draw(st.sampled_from(["mha", "mla", "mla-paged"] if kind == "swa" else ["mha", "mla"]))
     as_id = draw(st.sampled_from(sorted(ID_TYPES) + sorted(HOSTILE_IDS)))
     conv = ID_TYPES.get(as_id) or HOSTILE_IDS[as_id]
     notes: dict[str, Any] = {"kind": kind, "child": child, "ids": as_id}
@@ -127,6 +129,9 @@ def hybrid_pools(draw: st.DrawFn) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         if draw(st.booleans()):
             pool.page_size = PS
     options: dict[str, Any] = {}
+    if kind == "swa" and draw(st.booleans()):  # attrs= into the full sub-pool: its layers labelled by the mapping
+        names = ["k_buffer", "v_buffer"] if child == "mha" else ["kv_buffer"]
+        options["attrs"] = [f"full_kv_pool.{n}" for n in names]
     if (mode := draw(st.sampled_from([None, "error", "attention_only"]))) is not None:
         options["hybrid"] = mode
     if (asked := draw(st.sampled_from([None, "mha", "mla"]))) is not None:

@@ -36,7 +36,9 @@ def test_plan_of_a_pool_is_plan_of_its_adapted_view(case):
     if adapted[0] == "ok" and planned[0] == "refused":  # the one documented asymmetry
         assert notes["kind"] == "dsa" and is_documented_asymmetry(adapted, planned, options), context
     if notes["ids"] in HOSTILE_IDS and notes["kind"] in ("swa", "linear", "minimax"):
-        assert adapted[0] == "refused" and adapted[1] is InconsistentLayersError, context
+        assert adapted[0] == "refused", context  # never read as some other id
+        if not {"attrs", "kind"} & set(options):  # nothing else to refuse first: the ids are named
+            assert adapted[1] is InconsistentLayersError, context
 
 
 @pytest.mark.parametrize("mode", [None, "error", "attention_only"])
@@ -62,3 +64,14 @@ def test_a_whole_view_flexkv_would_fault_on_is_refused_by_adapt_as_by_plan(page,
         with pytest.raises(NotAddressableError, match="packs each CPU block group after group"):
             call(mla_fp4_like(page, layers))
     assert adapt(mla_fp4_like(16, layers)).whole is not None  # 16-byte multiples: offloaded whole
+
+
+def test_attrs_into_a_wrappers_sub_pool_of_raw_pages_is_labelled_by_the_mapping_in_plan_too():
+    """plan() registered raw [P, T, D] pages named by attrs= as they are, labelled 0..n-1, not by the mapping."""
+    pages = [torch.zeros(4, 4, 16, dtype=torch.bfloat16) for _ in range(2)]
+    full, swa = SimpleNamespace(kv_buffer=pages, page_size=4), SimpleNamespace(kv_buffer=list(pages), page_size=4)
+    mapping = {1: (0, False), 4: (1, False), 0: (0, True), 2: (1, True)}
+    pool = SimpleNamespace(full_kv_pool=full, swa_kv_pool=swa, layers_mapping=mapping)
+    options = {"attrs": ["full_kv_pool.kv_buffer"], "hybrid": "attention_only"}
+    adapted, planned = agreement(pool, options)
+    assert adapted[1].layer_ids == [1, 4] and planned[1].layer_ids == (1, 4)

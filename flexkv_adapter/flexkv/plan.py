@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from ..adapting import adapt_source, recognise
+from ..adapting import adapt_source, hybrid_markers, recognise
 from ..axes import format_axes, parse_axes
 from ..carve import Planes, check_consistent
 from ..containers import Located
@@ -89,10 +89,11 @@ def _boundary(
 def _as_is(record: Source) -> tuple[Geometry, Located, Interpretation, Planes] | None:
     """The reading of raw paged tensors FlexKV registers as they are; None: plan adapt()'s view instead.
 
-    A hybrid wrapper, or planes beside the KV (scales, an indexer), always go through adapt(): the hybrid
-    policy is decided there, once, for adapt() and plan() alike.
+    A hybrid wrapper (also read through ``attrs=`` into a sub-pool: its mapping labels the layers), or planes
+    beside the KV (scales, an indexer), always go through adapt(): the hybrid policy and the labels are
+    decided there, once, for adapt() and plan() alike.
     """
-    if record.structure is not None or carries_planes(record.holder):
+    if record.structure is not None or carries_planes(record.holder) or hybrid_markers(record.pool):
         return None
     geometry = resolve_geometry(record.holder, record.page_size, record.options)  # type: ignore[arg-type]
     located, interp, logical = recognise(record.holder, geometry, record.options)  # type: ignore[arg-type]
