@@ -121,9 +121,11 @@ def plan(
     :class:`~flexkv_adapter.MLAView` L tensors with ``kv_dim=1`` (VLLM mode). Raw per-layer paged
     tensors (vLLM ``[2, NB, BS, H, D]`` -> LAYERFIRST, ``[NB, 2, BS, H, D]`` -> LAYERBLOCK, MLA
     ``[NB, BS, D]``) register one tensor per layer (VLLM mode); one block-first tensor
-    ``[NB, L, 2, BS, H, D]`` registers whole (TRTLLM mode). Any other source goes through
-    :func:`~flexkv_adapter.adapt` first. A pool offloaded whole (``view.whole``: scale planes, the
-    DSA indexer, MiniMax's index KV) also gets ``groups``, FlexKV layer groups (:mod:`.groups`).
+    ``[NB, L, 2, BS, H, D]`` registers whole (TRTLLM mode). Any other source, and any hybrid wrapper or
+    pool with planes beside its KV, goes through :func:`~flexkv_adapter.adapt`'s pipeline (one record, one
+    hybrid policy): ``plan(pool, **o)`` is ``plan(adapt(pool, **o))``. A pool offloaded whole
+    (``view.whole``: scale planes, the DSA indexer, MiniMax's index KV) also gets ``groups``, FlexKV
+    layer groups (:mod:`.groups`).
 
     ``model_config`` is FlexKV's ``ModelConfig`` (or an object or mapping with ``num_layers``,
     ``num_kv_heads``, ``head_size``, ``dtype``, ``tp_size``, optionally ``use_mla``/``kv_dim``,
