@@ -28,7 +28,7 @@ from .errors import InconsistentLayersError
 from .hybrid_ids import inverse, listed_ids, swa_ids
 from .hybrid_policy import apply_policy, resolve_mode
 from .hybrid_types import HybridMode, HybridPoolError, HybridStructure, SideGroup
-from .planes import MAMBA_REASON, SCALE_PLANES, SWA_REASON
+from .planes import DERIVED, LAYER_METADATA, MAMBA_REASON, SCALE_PLANES, SWA_REASON
 from .probe import probe
 
 
@@ -98,6 +98,26 @@ def _mamba_groups(mamba: object) -> list[SideGroup]:
     return groups or unknown
 
 
+_SUB_POOLS = frozenset({"full_kv_pool", "swa_kv_pool", "mamba_pool", "main_pool", "index_kv_pool", "index_k_pool"})
+UNLISTED_REASON = "state the wrapper holds itself, which this adapter does not enumerate; FlexKV does not receive it"
+
+
+def wrapper_state(pool: object) -> list[SideGroup]:
+    """Tensors the wrapper holds itself (QSA's compressed index and per-request ring, say): listed, never
+    silently left out of what attention-only drops. A second view of already-listed memory is not repeated."""
+    groups: list[SideGroup] = []
+    seen: set[int] = set()
+    for attr, value in (vars(pool) if hasattr(pool, "__dict__") else {}).items():
+        tensors = _tensor_list(value)
+        if attr in _SUB_POOLS | DERIVED | LAYER_METADATA or not tensors or not any(t.numel() for t in tensors):
+            continue
+        storages = {t.untyped_storage().data_ptr() for t in tensors}
+        if not storages <= seen:
+            groups.append(SideGroup(attr, tuple(tensors), (), "unknown", UNLISTED_REASON))
+        seen |= storages
+    return groups
+
+
 def detect(pool: object) -> HybridStructure | None:
     """The hybrid structure of ``pool``, or None if it is not a recognised wrapper."""
     full, swa = probe(pool, "full_kv_pool"), probe(pool, "swa_kv_pool")
@@ -114,7 +134,7 @@ def detect(pool: object) -> HybridStructure | None:
             )
             for plane, ts in _planes_of(swa).items()
         ]
-        groups += scale_groups(swa, window_ids, "swa.")
+        groups += scale_groups(swa, window_ids, "swa.") + wrapper_state(pool)
         backing = tuple((g, "full_kv_pool", full) for g in full_ids) + tuple(
             (g, "swa_kv_pool", swa) for g in window_ids
         )
@@ -127,7 +147,7 @@ def detect(pool: object) -> HybridStructure | None:
             if isinstance(id_map, Mapping)
             else listed_ids(full)
         )
-        groups = _mamba_groups(mamba) if mamba is not None else []
+        groups = (_mamba_groups(mamba) if mamba is not None else []) + wrapper_state(pool)
         backing = tuple((g, "full_kv_pool", full) for g in full_ids)
         return HybridStructure("hybrid-linear", "full_kv_pool", full, full_ids or None, tuple(groups), backing)
     main = probe(pool, "main_pool")
@@ -178,4 +198,4 @@ def check_kind(pool: object, structure: HybridStructure, requested: str | None) 
 
 
 __all__ = ["HybridMode", "HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect"]
-__all__ += ["pool_kind", "resolve_mode", "scale_groups"]
+__all__ += ["pool_kind", "resolve_mode", "scale_groups", "wrapper_state"]

@@ -22,7 +22,7 @@ from flexkv_adapter.flexkv import plan
 
 from ..helpers import flexkv_worker_region
 from ..hybrid_agreement import agreement, is_documented_asymmetry, tensors_key
-from .test_sglang_hybrids import _hybrid_linear, _minimax, _swa
+from .test_sglang_hybrids import _hybrid_linear, _minimax, _qsa, _swa
 from .whole_pools import dsa, fp4, minimax, mla_fp4, mxfp8
 
 POOLS = {
@@ -31,6 +31,7 @@ POOLS = {
     "hybrid-linear-mha": lambda: _hybrid_linear(False),
     "hybrid-linear-mla": lambda: _hybrid_linear(True),
     "hybrid-linear-dsa": lambda: _hybrid_linear(True, dsa=True),
+    "qsa": _qsa,
     "minimax": _minimax,
     "minimax-k-only": lambda: minimax(k_only=True),
     "mha-fp4": fp4,
@@ -49,7 +50,7 @@ def test_plan_and_adapt_agree_on_sglangs_own_pools(name, mode):
     adapted, planned = agreement(POOLS[name](), options)
     if adapted[0] == "ok" and planned[0] == "refused":
         assert name == "dsa" and is_documented_asymmetry(adapted, planned, options), planned[2]
-    if name.startswith(("swa", "hybrid-linear")):  # state FlexKV cannot address: only attention_only plans
+    if name.startswith(("swa", "hybrid-linear", "qsa")):  # state FlexKV cannot address: only attention_only plans
         assert (planned[0] == "ok") == (mode == "attention_only"), planned[2]
     if name in ("minimax", "mha-fp4", "mha-mxfp8", "mla-fp4", "dsa") and mode is None:  # whole, as adapt
         assert planned[0] == "ok" and len(planned[1].groups) == 2, planned[2]
