@@ -77,10 +77,14 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
                 f"{pool!r} is already adapted; to change options adapt its source: adapt(view.source, ...)"
             )
         return pool
-    source = locate_source(pool, page_size, given)  # every input becomes one record
+    return adapt_source(locate_source(pool, page_size, given))  # every input becomes one record
+
+
+def adapt_source(source: Source) -> PoolView:
+    """The rest of the pipeline for a located record (:func:`~flexkv_adapter.flexkv.plan` enters here too)."""
     if source.vllm:
         kind, ids = source.options.get("kind"), source.options.get("layer_ids")
-        return adapt_vllm(pool, source.page_size, kind, ids)  # type: ignore[arg-type]
+        return adapt_vllm(source.pool, source.page_size, kind, ids)  # type: ignore[arg-type]
     view = _adapt_plain(source.holder, source.page_size, source.options, source.label)
     return _label_and_policy(source, view)
 
@@ -94,7 +98,7 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
         return hybrid.apply_policy(view, pool, structure.family, groups, source.mode)
     if given.get("attrs"):
         view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
-    wrappers = _hybrid_markers(pool) if given.get("attrs") else []
+    wrappers = hybrid_markers(pool) if given.get("attrs") else []
     if wrappers:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
         view = view.rebuild(report=replace(view.report, notes=(*view.report.notes, note + ", ".join(wrappers))))
@@ -102,7 +106,8 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     return hybrid.apply_policy(view, pool, view.report.recognizer, groups, source.mode)
 
 
-def _hybrid_markers(pool: object) -> list[str]:
+def hybrid_markers(pool: object) -> list[str]:
+    """The wrapper attributes ``pool`` carries (read tolerantly: a marker is a hint, never an error)."""
     return [m for m in _HYBRID_MARKERS if probe(pool, m, tolerate=True) is not None]
 
 
@@ -138,7 +143,7 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
 
 def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:
     name = type(pool).__name__
-    hybrid = _hybrid_markers(pool)
+    hybrid = hybrid_markers(pool)
     lines = [f"Unsupported KV cache type {name}: no recogniser found FlexKV-ready KV buffers."]
     if hybrid:
         lines.append(

@@ -9,6 +9,9 @@ FlexKV's default ``sharded`` mode has each rank copy chunk/tp bytes, truncated t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import accumulate
+
 WORD = 8
 VECTOR = 16
 
@@ -47,4 +50,24 @@ def shard_problem(chunk_bytes: int, tp_size: int) -> str | None:
             f"in 8-byte words, so block bytes must be a multiple of {WORD * tp_size}; the shards would be "
             f"truncated silently. Fix: another page size, or FLEXKV_KV_SHARED_ACROSS_RANKS_MODE=rank0_only"
         )
+    return None
+
+
+def packing_problem(groups: Sequence[tuple[str, int, int]], kv_dim: int) -> str | None:
+    """Why FlexKV's CPU block of these layer groups ``(name, layers, chunk bytes)`` misaligns, or None.
+
+    FlexKV packs a CPU block group after group, [layer][kv][chunk] each, per rank (ranks follow at this
+    stride, ``_init_tp_multi_group``); 16-byte chunks get 16-byte loads there too. It needs no tp, so
+    adapt() and plan() ask it alike.
+    """
+    sizes = [layers * kv_dim * chunk for _, layers, chunk in groups]
+    block = sum(sizes)
+    for (name, _, chunk), offset in zip(groups, accumulate([0, *sizes])):
+        if chunk % VECTOR == 0 and (offset % VECTOR or block % VECTOR):
+            return (
+                f"FlexKV packs each CPU block group after group ({sizes} bytes, {block} per rank); group {name} has "
+                f"{chunk}-byte chunks, which its kernel copies with {VECTOR}-byte loads, but starts at byte "
+                f"{offset} of a {block}-byte block, so its copies fault with a misaligned address. Fix: a page size "
+                f"that makes every group's bytes per block a multiple of {VECTOR}"
+            )
     return None

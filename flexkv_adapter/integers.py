@@ -81,3 +81,27 @@ def bounded_integer(
         wanted = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
         raise error(f"{what} must be {wanted}, got {short_repr(value)}")
     return number
+
+
+def read_integer_list(value: object, what: str, error: type[AdapterError] = AdapterError) -> list[int]:
+    """A list, tuple, range or 1-D numpy/torch array of integers, each read by :func:`read_integer`
+    (non-negative: these are ids). A set, dict or iterator claims ids too and is refused, never ignored."""
+    if _one_d_array(value):
+        value = list(value)  # type: ignore[call-overload]
+    if not isinstance(value, (list, tuple, range)):
+        raise error(f"{what}={short_repr(value)}: expected a list of ids (integers)")
+    return [bounded_integer(i, f"{what}[{n}]", 0, 1 << 63, error) for n, i in enumerate(value)]
+
+
+def read_flag(value: object, what: str, error: type[AdapterError] = AdapterError) -> bool:
+    """A bool (``bool``, ``numpy.bool_``, 0-d bool array or tensor); 0 and 1 are integers, not flags."""
+    if not _is_bool(value) or getattr(value, "ndim", 0) != 0:
+        raise error(f"{what} must be a bool, got {short_repr(value)}")
+    return bool(value)  # type: ignore[arg-type]
+
+
+def _one_d_array(value: object) -> bool:
+    try:
+        return (isinstance(value, torch.Tensor) or type(value).__module__ == "numpy") and value.ndim == 1  # type: ignore[attr-defined]
+    except Exception:  # a hostile ndim: not an array we can read; refused as not a list
+        return False

@@ -8,12 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import torch
-
 from . import hybrid
 from .containers import Container, Located, layer_index_from_name
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError
-from .integers import read_integer
+from .integers import read_integer_list
 from .layout import Geometry
 from .probe import attr_owners, probe, probe_int
 from .sources import check_wrapper_page_size
@@ -106,23 +104,12 @@ def _model_layer_ids(pool: object, count: int) -> list[int] | None:
     if model_ids is None:
         return None
     where = f"{type(pool).__name__}.model_layer_ids"
-    if _one_d_array(model_ids):  # numpy or torch: its elements go through the one integer reader
-        model_ids = list(model_ids)  # type: ignore[call-overload]
-    if not isinstance(model_ids, (list, tuple, range)):  # a set, dict or iterator claims ids too: never ignored
-        raise InconsistentLayersError(f"{where}={short_repr(model_ids)}: expected a list of layer ids")
-    ids = [read_integer(i, f"{where}[{n}]", InconsistentLayersError) for n, i in enumerate(model_ids)]
-    if any(i < 0 for i in ids) or len(ids) != count or len(set(ids)) != count:
+    ids = read_integer_list(model_ids, where, InconsistentLayersError)  # numpy/torch 1-D arrays too
+    if len(ids) != count or len(set(ids)) != count:
         raise InconsistentLayersError(
             f"{where}={short_repr(model_ids, 200)}: expected {count} distinct layer ids (integers), one per layer"
         )
     return ids
-
-
-def _one_d_array(value: object) -> bool:
-    try:
-        return (isinstance(value, torch.Tensor) or type(value).__module__ == "numpy") and value.ndim == 1  # type: ignore[attr-defined]
-    except Exception:  # a hostile ndim: not an array we can read; refused as not a list
-        return False
 
 
 def compact_default(sub: object, count: int) -> bool:

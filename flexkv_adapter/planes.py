@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import UnsupportedPoolError
+from .hybrid_ids import inverse
 from .probe import probe, probe_int
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 # Tables SGLang derives from the planes (pointer and stride arrays for its kernels): not state.
 DERIVED = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides", "kv_data_ptrs"})
+# Layer ids (read as ids by hybrid_ids/labels; numpy or tensor ids are metadata there, not page-indexed state).
+LAYER_METADATA = frozenset({"model_layer_ids", "mamba_layer_ids"})
 # The KV planes every view already registers, and the planes described here.
 PRIMARY = frozenset({"k_buffer", "v_buffer", "kv_buffer"})
 SCALE_PLANES = ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer")
@@ -52,6 +55,10 @@ class Plane:
     compress_ratio: int  # page tokens per stored token (DSA kpool); 1 = one entry per token
     rows_per_block: int  # tensor rows per page: page_size for token-indexed planes, 1 for page-indexed
     kv: bool
+
+    def chunk_bytes(self, page_size: int) -> int:
+        """Bytes of one (layer, kv, page) chunk of this plane, as FlexKV's group of it copies them."""
+        return page_size // self.compress_ratio * self.num_heads * self.head_size * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -182,8 +189,9 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     planes: list[Plane] = []
     if (k_only := probe(pool, "index_k_pool")) is not None:
         mapping = probe(pool, "index_k_layer_id_mapping")
+        layers = list(inverse(pool, "index_k_layer_id_mapping", mapping)) if isinstance(mapping, Mapping) else "?"
         raise PartialPoolError(
-            f"{type(pool).__name__}.index_k_pool (layers {sorted(mapping) if isinstance(mapping, Mapping) else '?'})"
+            f"{type(pool).__name__}.index_k_pool (layers {layers})"
             f" holds K without V ({type(k_only).__name__}): FlexKV's layer groups under an MHA pool copy K and V "
             f"planes per layer (kv_dim=2 from group 0), so it has no exact registration; it is not offloaded "
             f"partially either. Build the pool without disable_value_sparse_layer_ids, or serve without FlexKV"
@@ -194,15 +202,22 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     k, v = _tensors(probe(sub, "k_buffer")), _tensors(probe(sub, "v_buffer"))
     if not (k and v and isinstance(mapping, Mapping)) or probe_int(sub, "page_size") != view.page_size:
         raise PartialPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
-    ids = [g for g, _ in sorted(mapping.items(), key=lambda item: item[1])]
+    ids = inverse(pool, "index_kv_layer_id_mapping", mapping)  # the one reading of a wrapper's id mapping
     kv_rows = _kv_rows(probe(pool, "main_pool"))
     planes.append(_plane("index_kv_pool.k_buffer/v_buffer", [k, v], ids, kv_rows, view.page_size))
     planes += _scale_planes(sub, ids, view.page_size, "index_kv_pool.")
     return planes
 
 
+def carries_planes(pool: object) -> bool:
+    """Whether :func:`describe` has anything to describe: a MiniMax main pool, a DSA indexer, scale planes."""
+    return any(probe(pool, n) is not None for n in ("main_pool", "index_k_with_scale_buffer", *SCALE_PLANES))
+
+
 def describe(pool: object, view: PoolView) -> WholePool | None:
     """The planes beside ``view``'s KV that share its page ids, or None when there are none."""
+    if not carries_planes(pool):
+        return None
     page = view.page_size
     if probe(pool, "main_pool") is not None:
         main = probe(pool, "main_pool")
@@ -246,7 +261,7 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
         for attr, value in (vars(owner) if owner is not None and hasattr(owner, "__dict__") else {}).items():
             found = [value] if isinstance(value, torch.Tensor) else _tensors(value) or []
             lost = [t for t in found if t.numel() and not _inside(_span(t), covered)]
-            if lost and attr not in DERIVED | PRIMARY:
+            if lost and attr not in DERIVED | PRIMARY | LAYER_METADATA:
                 unknown.append(f"{type(owner).__name__}.{attr}")
     if unknown:
         raise PartialPoolError(
@@ -255,4 +270,4 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
         )
 
 
-__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "describe"]
+__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carries_planes", "describe"]

@@ -159,7 +159,14 @@ def _probe(t: torch.Tensor, tokens_per_block: int, item: int) -> tuple[int, int]
 def flexkv_worker_read(
     fields: dict, tensors: list[torch.Tensor], layer: int, kv: int, block: int, worker: str = "tp"
 ) -> bytes:
-    """Bytes FlexKV's worker reads for (layer, kv, block), written from the contract (§1.1, §1.3, §1.4).
+    """Bytes FlexKV's worker reads for (layer, kv, block): :func:`flexkv_worker_region`'s, copied out."""
+    return bytes(flexkv_worker_region(fields, tensors, layer, kv, block, worker).tolist())
+
+
+def flexkv_worker_region(
+    fields: dict, tensors: list[torch.Tensor], layer: int, kv: int, block: int, worker: str = "tp"
+) -> torch.Tensor:
+    """The uint8 memory FlexKV's worker copies for (layer, kv, block), written from the contract (§1.1, §1.3, §1.4).
 
     Strides come from ``kv_shape`` in elements times the element size. The tp worker (``worker="tp"``)
     instead probes 5-D kv_dim=2 tensors when it gets more than one (consumers §3: first leading
@@ -186,7 +193,7 @@ def flexkv_worker_read(
     storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
     start = addr - t.untyped_storage().data_ptr()
     assert start >= 0 and start + chunk <= storage.numel(), "FlexKV would read outside the allocation"
-    return bytes(storage[start : start + chunk].tolist())
+    return storage[start : start + chunk]  # aliases the registered tensor: writing it is FlexKV's restore
 
 
 def flexkv_tp_roundtrip(

@@ -123,3 +123,17 @@ def test_a_layer_mapping_that_disagrees_with_the_sub_pool_is_an_error():
         InconsistentLayersError, match="names 3 attention layers \\[1, 4, 7\\] but full_kv_pool holds 2"
     ):
         adapt(pool, hybrid="attention_only")
+
+
+@pytest.mark.parametrize("build", [_swa_pool, _hybrid_linear_pool], ids=["swa", "linear"])
+def test_tensors_the_wrapper_holds_itself_are_listed_not_dropped_silently(build):
+    pool = build()
+    pool.index_state = [torch.zeros(4, 8), torch.zeros(4, 8)]  # e.g. QSA's compressed keys on the wrapper
+    pool.index_flat = pool.index_state[0].view(-1)  # a second view of listed memory: not listed twice
+    pool.data_ptrs = torch.zeros(3, dtype=torch.int64)  # SGLang's derived pointer table: not state
+    with pytest.raises(HybridPoolError, match="index_state"):
+        adapt(pool)
+    view = adapt(pool, hybrid="attention_only")
+    names = [g.name for g in view.side_groups]
+    assert "index_state" in names and "index_flat" not in names and "data_ptrs" not in names
+    assert any("index_state" in g for g in view.report.side_groups)

@@ -12,12 +12,11 @@ config must carry exactly ``FlexKVPlan.flexkv_layer_groups()`` (:func:`check_mod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..copy_rules import ALIGNMENT_FIX, VECTOR, alignment_problem, shard_problem
+from ..copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem, shard_problem
 from ..errors import NotAddressableError, PlanError
 from ..planes import PartialPoolError, Plane, WholePool, describe
 from ._import import import_flexkv
@@ -57,17 +56,10 @@ def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, s
 
 
 def _check_cpu_alignment(groups: list[GroupPlan], source: str) -> None:
-    """FlexKV packs a CPU block group after group (per rank); 16-byte chunks get 16-byte loads there too."""
-    sizes = [len(g.layer_indices) * g.kv_dim * g.chunk_bytes for g in groups]
-    block = sum(sizes)  # one rank's share; ranks follow each other at this stride (_init_tp_multi_group)
-    for g, offset in zip(groups, accumulate([0, *sizes])):
-        if g.chunk_bytes % VECTOR == 0 and (offset % VECTOR or block % VECTOR):
-            raise NotAddressableError(
-                f"{source}: FlexKV packs each CPU block group after group ({sizes} bytes, {block} per rank); group "
-                f"{g.name} has {g.chunk_bytes}-byte chunks, which its kernel copies with {VECTOR}-byte loads, but "
-                f"starts at byte {offset} of a {block}-byte block, so its copies fault with a misaligned address. "
-                f"Fix: a page size that makes every group's bytes per block a multiple of {VECTOR}"
-            )
+    """FlexKV packs a CPU block group after group (:func:`~flexkv_adapter.copy_rules.packing_problem`)."""
+    packed = [(g.name, len(g.layer_indices), g.chunk_bytes) for g in groups]
+    if problem := packing_problem(packed, groups[0].kv_dim):
+        raise NotAddressableError(f"{source}: {problem}")
 
 
 def check_not_partial(view: PoolView) -> None:

@@ -28,12 +28,16 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from ..adapting import adapt, recognise
+from ..adapting import adapt_source, hybrid_markers, recognise
 from ..axes import format_axes, parse_axes
-from ..carve import check_consistent
+from ..carve import Planes, check_consistent
+from ..containers import Located
 from ..errors import PlanError
 from ..labels import layer_ids_of
-from ..options import AdaptOptions, resolve_geometry
+from ..layout import Geometry, Interpretation
+from ..options import AdaptOptions, resolve_geometry, validate_options
+from ..planes import carries_planes
+from ..sources import Source, locate_source
 from ..text import short_repr
 from ..views import MHAView, PoolView
 from ..vllm_layout import is_vllm_dict
@@ -82,6 +86,22 @@ def _boundary(
     return tp, total, model_dtype, model
 
 
+def _as_is(record: Source) -> tuple[Geometry, Located, Interpretation, Planes] | None:
+    """The reading of raw paged tensors FlexKV registers as they are; None: plan adapt()'s view instead.
+
+    A hybrid wrapper (also read through ``attrs=`` into a sub-pool: its mapping labels the layers), or planes
+    beside the KV (scales, an indexer), always go through adapt(): the hybrid policy and the labels are
+    decided there, once, for adapt() and plan() alike.
+    """
+    if record.structure is not None or carries_planes(record.holder) or hybrid_markers(record.pool):
+        return None
+    geometry = resolve_geometry(record.holder, record.page_size, record.options)  # type: ignore[arg-type]
+    located, interp, logical = recognise(record.holder, geometry, record.options)  # type: ignore[arg-type]
+    if (interp.per_layer, interp.axes) not in _REGISTERED_AS_IS or (located.split and interp.per_layer):
+        return None
+    return geometry, located, interp, logical
+
+
 __all__ = ["AddressingMode", "FlexKVPlan", "LayoutType", "plan"]
 
 
@@ -101,9 +121,11 @@ def plan(
     :class:`~flexkv_adapter.MLAView` L tensors with ``kv_dim=1`` (VLLM mode). Raw per-layer paged
     tensors (vLLM ``[2, NB, BS, H, D]`` -> LAYERFIRST, ``[NB, 2, BS, H, D]`` -> LAYERBLOCK, MLA
     ``[NB, BS, D]``) register one tensor per layer (VLLM mode); one block-first tensor
-    ``[NB, L, 2, BS, H, D]`` registers whole (TRTLLM mode). Any other source goes through
-    :func:`~flexkv_adapter.adapt` first. A pool offloaded whole (``view.whole``: scale planes, the
-    DSA indexer, MiniMax's index KV) also gets ``groups``, FlexKV layer groups (:mod:`.groups`).
+    ``[NB, L, 2, BS, H, D]`` registers whole (TRTLLM mode). Any other source, and any hybrid wrapper or
+    pool with planes beside its KV, goes through :func:`~flexkv_adapter.adapt`'s pipeline (one record, one
+    hybrid policy): ``plan(pool, **o)`` is ``plan(adapt(pool, **o))``. A pool offloaded whole
+    (``view.whole``: scale planes, the DSA indexer, MiniMax's index KV) also gets ``groups``, FlexKV
+    layer groups (:mod:`.groups`).
 
     ``model_config`` is FlexKV's ``ModelConfig`` (or an object or mapping with ``num_layers``,
     ``num_kv_heads``, ``head_size``, ``dtype``, ``tp_size``, optionally ``use_mla``/``kv_dim``,
@@ -134,19 +156,14 @@ def plan(
             model_dtype=model_dtype,
         )
     if not isinstance(source, PoolView):
-        geometry = resolve_geometry(source, page_size, options)
-        located, interp, logical = recognise(source, geometry, options)
-        key = (interp.per_layer, interp.axes)
-        if key not in _REGISTERED_AS_IS or (located.split and interp.per_layer):
-            return plan(
-                adapt(source, page_size, **options),
-                tp_size=tp,
-                model_config=model,
-                total_kv_heads=total,
-                model_dtype=model_dtype,
-            )
+        record = locate_source(source, validate_options({}, page_size).get("page_size"), validate_options(options))
+        as_is = _as_is(record)
+        if as_is is None:
+            view = adapt_source(record)  # adapt()'s pipeline from here: one hybrid policy for both
+            return plan(view, tp_size=tp, model_config=model, total_kv_heads=total, model_dtype=model_dtype)
+        geometry, located, interp, logical = as_is
         check_consistent(logical, source, located.attrs)
-        layout_type, mode = _REGISTERED_AS_IS[key]
+        layout_type, mode = _REGISTERED_AS_IS[(interp.per_layer, interp.axes)]
         tensors = located.containers[0].tensors
         planes = list(logical.values())
         first = planes[0][0]  # [B, T, H, D]

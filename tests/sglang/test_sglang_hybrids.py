@@ -52,6 +52,41 @@ def _hybrid_linear(use_mla: bool, dsa: bool = False) -> object:
     )
 
 
+def _qsa() -> object:
+    from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool
+
+    return QSATokenToKVPool(
+        size=64,
+        dtype=torch.bfloat16,
+        page_size=16,
+        head_num=4,
+        head_dim=8,
+        full_attention_layer_ids=[1, 3],
+        device="cpu",
+        mamba_pool=_mamba([0, 2]),
+        qsa_index_kv_heads=1,
+        qsa_index_head_dim=16,
+        qsa_compress_ratio=4,
+        qsa_token_topk=8,
+        num_request_slots=4,
+    )
+
+
+def test_qsa_index_state_is_listed_with_what_attention_only_leaves_out():
+    # The wrapper's own tensors (compressed keys, per-request ring, rope positions) were missing from
+    # side_groups, the report and the warning: attention_only dropped them without saying so.
+    pool = _qsa()
+    with pytest.raises(HybridPoolError, match="qsa_compressed_k_buffer_pool"):
+        adapt(pool)
+    view = adapt(pool, hybrid="attention_only")
+    listed = {t.untyped_storage().data_ptr() for g in view.side_groups for t in g.tensors}
+    for attr, value in vars(pool).items():
+        tensors = [value] if isinstance(value, torch.Tensor) else value if isinstance(value, list) else []
+        for t in (t for t in tensors if isinstance(t, torch.Tensor) and t.numel()):
+            assert t.untyped_storage().data_ptr() in listed, attr
+    assert any("qsa_key_state_buffer_pool" in g for g in view.report.side_groups)
+
+
 def _swa(use_mla: bool) -> object:
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
@@ -100,8 +135,7 @@ CASES = [
     ("hybrid-linear-dsa", lambda: _hybrid_linear(True, dsa=True), MLAView, [1, 3]),
     ("swa-mha", lambda: _swa(False), MHAView, [1, 4]),
     ("swa-mla", lambda: _swa(True), MLAView, [1, 4]),
-    # QSATokenToKVPool (a HybridLinearKVPool) is left out: its compressed-key index state is not yet
-    # listed as a side group (reported in notes/issue-17.md), so a test would pin an incomplete report.
+    ("qsa-mha", lambda: _qsa(), MHAView, [1, 3]),  # a HybridLinearKVPool with QSA index state on the wrapper
 ]
 
 

@@ -1,0 +1,82 @@
+"""A hybrid wrapper's layer metadata (``layers_mapping``, id mappings, ``model_layer_ids``), read once.
+
+Every id goes through the one integer rule (:mod:`.integers`): Python, numpy and 0-d tensor integers
+read alike; bools, floats and negatives are malformed metadata. Two entries that read as the same id
+(``1`` and ``torch.tensor(1)`` are different dict keys) would label two layers alike, so they are
+refused too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from .errors import InconsistentLayersError
+from .integers import bounded_integer, read_flag, read_integer_list
+from .probe import probe
+from .text import short_repr
+
+_LIMIT = 1 << 63
+
+
+def bad_metadata(owner: object, attr: str, value: object, expected: str) -> InconsistentLayersError:
+    return InconsistentLayersError(
+        f"{type(owner).__name__}.{attr} = {short_repr(value)}: expected {expected}; the hybrid wrapper's "
+        f"layer metadata is malformed, so which layers hold what cannot be trusted"
+    )
+
+
+def _id(value: object, where: str) -> int:
+    return bounded_integer(value, where, 0, _LIMIT, InconsistentLayersError)
+
+
+def _distinct(owner: object, attr: str, mapping: object, ids: list[int]) -> None:
+    if len(set(ids)) != len(ids):
+        raise bad_metadata(owner, attr, mapping, "each layer id once (two keys read as the same integer)")
+
+
+def _enumerates(indices: Iterable[int]) -> bool:
+    """The sub-pool indices are 0..n-1, each once: otherwise a layer would be labelled with another's id."""
+    ordered = sorted(indices)
+    return ordered == list(range(len(ordered)))
+
+
+def inverse(owner: object, attr: str, mapping: Mapping[object, object]) -> tuple[int, ...]:
+    """Global layer ids in sub-pool order, from ``{global id: index in the sub-pool}``."""
+    where = f"{type(owner).__name__}.{attr}"
+    items = [(_id(i, f"{where}[{short_repr(g)}]"), _id(g, f"{where} key")) for g, i in mapping.items()]
+    _distinct(owner, attr, mapping, [g for _, g in items])
+    if not _enumerates(i for i, _ in items):
+        expected = "a dict of global layer id -> index in the sub-pool (each index 0..n-1 once)"
+        raise bad_metadata(owner, attr, mapping, expected)
+    return tuple(g for _, g in sorted(items))
+
+
+def swa_ids(pool: object, mapping: Mapping[object, object]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(full-attention ids, SWA ids), each in sub-pool order, from ``{id: (index, is_swa)}``."""
+    where = f"{type(pool).__name__}.layers_mapping"
+    entries = []
+    for g, value in mapping.items():
+        if not (isinstance(value, (tuple, list)) and len(value) == 2):
+            raise bad_metadata(pool, "layers_mapping", mapping, "a dict of layer id -> (index in its sub-pool, is_swa)")
+        entry = f"{where}[{short_repr(g)}]"
+        index, swa = _id(value[0], entry), read_flag(value[1], f"{entry} is_swa", InconsistentLayersError)
+        entries.append((index, _id(g, f"{where} key"), swa))
+    _distinct(pool, "layers_mapping", mapping, [g for _, g, _ in entries])
+    entries.sort()
+    for swa in (False, True):
+        if not _enumerates(i for i, _, s in entries if s is swa):
+            raise bad_metadata(pool, "layers_mapping", mapping, "each sub-pool's indices 0..n-1, once each")
+    return tuple(g for _, g, swa in entries if not swa), tuple(g for _, g, swa in entries if swa)
+
+
+def listed_ids(sub: object, attr: str = "model_layer_ids") -> tuple[int, ...]:
+    """A sub-pool's own list of layer ids (``model_layer_ids``, ``mamba_layer_ids``); () if it has none."""
+    ids = probe(sub, attr)
+    if ids is None:
+        return ()
+    read = read_integer_list(ids, f"{type(sub).__name__}.{attr}", InconsistentLayersError)
+    _distinct(sub, attr, ids, read)
+    return tuple(read)
+
+
+__all__ = ["bad_metadata", "inverse", "listed_ids", "swa_ids"]

@@ -1,0 +1,111 @@
+"""What happens to a pool with state beside its KV: offloaded whole, refused by name, or attention-only.
+
+One decision for every way in (:func:`~flexkv_adapter.adapt` and :func:`~flexkv_adapter.flexkv.plan` both
+reach it through the adapt pipeline): planes that share the KV's page ids are offloaded whole as FlexKV
+layer groups; state that does not is refused (:class:`HybridPoolError`) unless ``hybrid="attention_only"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .copy_rules import alignment_problem, packing_problem
+from .errors import NotAddressableError, UnsupportedPoolError
+from .hybrid_types import HybridMode, HybridPoolError, SideGroup
+from .planes import PartialPoolError, WholePool, describe
+from .text import short_repr
+from .views import PoolView
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_mode(mode: str | None) -> HybridMode:
+    if mode is None:
+        from .settings import load_settings
+
+        return load_settings().hybrid
+    if mode not in ("error", "attention_only"):
+        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {short_repr(mode)}")
+    return mode  # type: ignore[return-value]
+
+
+def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
+    """Offload whole what FlexKV's layer groups can address; otherwise refuse (default) or go attention-only."""
+    try:
+        whole = describe(pool, view)
+    except PartialPoolError as exc:
+        if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
+            return view
+        if not groups or resolve_mode(mode) != "attention_only":
+            raise HybridPoolError(str(exc)) from exc
+        whole = None  # a refused row: attention_only keeps its meaning
+    covered = {t.data_ptr() for p in whole.planes for t in p.tensors} if whole is not None else set()
+    if whole is not None and all(g.tensors and {t.data_ptr() for t in g.tensors} <= covered for g in groups):
+        return _offload_whole(view, pool, whole, bool(groups), mode)
+    if not groups:
+        return view
+    excluded = tuple((lid, f"{g.name}: {g.reason}") for g in groups for lid in g.layer_ids)
+    described = "; ".join(g.describe() for g in groups)
+    left_out = sorted({lid for g in groups for lid in g.layer_ids})
+    name = type(pool).__name__
+    if resolve_mode(mode) != "attention_only":
+        raise HybridPoolError(
+            f"{name} is a hybrid pool ({family}): FlexKV would receive only the attention layers "
+            f"{list(view.layer_ids)}. Not offloaded: {described}. Layers {left_out} would be restored without "
+            f"that state, so a prefix hit would compute on missing or stale data. To offload the attention "
+            f"layers anyway, pass adapt(pool, hybrid='attention_only') or set FLEXKV_ADAPTER_HYBRID=attention_only."
+        )
+    logger.warning(
+        "%s (%s): offloading attention layers %s only; not offloaded: %s", name, family, list(view.layer_ids), described
+    )
+    report = replace(
+        view.report,
+        source_kind=name,
+        recognizer=f"{family}/{view.report.recognizer}",
+        excluded_layers=excluded,
+        side_groups=tuple(g.describe() for g in groups),
+        warnings=(*view.report.warnings, f"attention layers only: {len(groups)} side group(s) not offloaded"),
+    )
+    return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
+
+
+def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool, mode: str | None) -> PoolView:
+    """The only exact choice for these pools; ``hybrid=`` may only refuse it, naming why."""
+    name, what = type(pool).__name__, ", ".join(p.name for p in whole.planes)
+    if mode == "attention_only":
+        raise HybridPoolError(
+            f"{name} can be offloaded whole: {what} share the KV's page ids and register as FlexKV layer groups "
+            f"(plan(view).flexkv_layer_groups()). hybrid='attention_only' would register the KV alone, and a "
+            f"prefix hit would restore it without them. Drop hybrid= (offloading whole is the default)"
+        )
+    if mode == "error" and listed:  # asked for the KV alone (a caller that registers only the KV buffers)
+        raise HybridPoolError(
+            f"{name} ({whole.family}) keeps {what} beside its KV; hybrid='error' asks for the KV alone, which "
+            f"would restore prefixes without them. Drop hybrid= to offload it whole through FlexKV's layer groups"
+        )
+    if mode == "error":  # DSA: FlexKV's connectors read the indexer from the pool themselves
+        return view
+    _check_addressable(view, whole)
+    logger.info("%s: %s", name, whole.describe())
+    report = replace(view.report, source_kind=name, notes=(*view.report.notes, whole.describe()))
+    return view.rebuild(source=pool, whole=whole, report=report)
+
+
+def _check_addressable(view: PoolView, whole: WholePool) -> None:
+    """The copy rules that need no tp (plan() checks them again per group, with tp): a whole view that FlexKV
+    would misread is refused here, as plan() refuses it, not handed out."""
+    first = view.tensors()[0]
+    kv_chunk = view.page_size * first[0].numel() * first.element_size()
+    packed = [("KV", len(view.layer_ids), kv_chunk)]
+    packed += [(p.name, len(p.layer_ids), p.chunk_bytes(view.page_size)) for p in whole.planes]
+    problem = packing_problem(packed, 2 if view.kind == "mha" else 1)
+    for plane in whole.planes:
+        chunk = plane.chunk_bytes(view.page_size)
+        problem = problem or next((p for t in plane.tensors if (p := alignment_problem(chunk, t.data_ptr()))), None)
+    if problem:
+        raise NotAddressableError(f"{view!r}: {problem}")
+
+
+__all__ = ["apply_policy", "resolve_mode"]
