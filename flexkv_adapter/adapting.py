@@ -94,7 +94,7 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     pool, given, structure = source.pool, source.options, source.structure
     if structure is not None:
         view = mapped_layer_ids(pool, structure, view, set(given))
-        groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
+        groups = [*structure.side_groups, *hybrid.plane_groups(structure.primary, view.layer_ids, "")]
         return hybrid.apply_policy(view, pool, structure.family, groups, source.mode)
     if given.get("attrs"):
         view = named_sub_pool_ids(pool, given["attrs"], view, set(given))

@@ -69,6 +69,24 @@ def scale_groups(pool: object, layer_ids: Sequence[int], prefix: str = "") -> li
     ]
 
 
+INDEX_REASON = (
+    "the DSA indexer's keys, which the attention layers read to select KV; registering the wrapper's attention "
+    "sub-pool leaves them out"
+)
+
+
+def plane_groups(sub: object, layer_ids: Sequence[int], prefix: str) -> list[SideGroup]:
+    """A wrapper's sub-pool's own planes beside its KV (scales, a DSA indexer): the wrapper does not expose
+    them, so only the sub-pool shows they exist; listed, never left out unnamed."""
+    groups = scale_groups(sub, layer_ids, prefix)
+    index = _tensor_list(probe(sub, "index_k_with_scale_buffer"))
+    if index:
+        kept = [(lid, t) for lid, t in zip(layer_ids, index) if t.numel()] if len(index) == len(layer_ids) else []
+        tensors, ids = (tuple(t for _, t in kept), tuple(i for i, _ in kept)) if kept else (tuple(index), ())
+        groups.append(SideGroup(f"{prefix}index_k_with_scale_buffer", tensors, ids, "page", INDEX_REASON))
+    return groups
+
+
 def _mamba_groups(mamba: object) -> list[SideGroup]:
     cache = probe(mamba, "mamba_cache")
     ids = listed_ids(mamba, "mamba_layer_ids")
@@ -134,7 +152,7 @@ def detect(pool: object) -> HybridStructure | None:
             )
             for plane, ts in _planes_of(swa).items()
         ]
-        groups += scale_groups(swa, window_ids, "swa.") + wrapper_state(pool)
+        groups += plane_groups(swa, window_ids, "swa.") + wrapper_state(pool)
         backing = tuple((g, "full_kv_pool", full) for g in full_ids) + tuple(
             (g, "swa_kv_pool", swa) for g in window_ids
         )
@@ -198,4 +216,4 @@ def check_kind(pool: object, structure: HybridStructure, requested: str | None) 
 
 
 __all__ = ["HybridMode", "HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect"]
-__all__ += ["pool_kind", "resolve_mode", "scale_groups", "wrapper_state"]
+__all__ += ["plane_groups", "pool_kind", "resolve_mode", "scale_groups", "wrapper_state"]

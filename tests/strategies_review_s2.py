@@ -1,0 +1,71 @@
+"""Hypothesis strategies for the session-2 review: hybrid wrappers whose metadata or children hide state.
+
+Each draws a wrapper the policy must not read silently wrong: a DSA child whose indexer the wrapper
+does not expose itself, and id mappings that are present but not mappings (a list of pairs, a list of
+ids, a string), which used to be ignored in favour of 0..n-1 labels.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from .strategies_hybrid import PS, ROWS, _mha, _mla, _split
+
+
+def _dsa_child(ids: list[int], skipped: set[int]) -> SimpleNamespace:
+    child = _mla(ids)
+    child.index_k_with_scale_buffer = [
+        torch.zeros(0 if i in skipped else ROWS // PS, PS * 8, dtype=torch.uint8) for i in range(len(ids))
+    ]
+    return child
+
+
+def _mamba(ids: list[int]) -> SimpleNamespace:
+    state = SimpleNamespace(conv=[torch.zeros(len(ids), 3, 4)], temporal=torch.zeros(3, 2, 4))
+    return SimpleNamespace(mamba_cache=state, mamba_layer_ids=list(ids))
+
+
+@st.composite
+def wrappers_with_a_dsa_child(draw: st.DrawFn) -> tuple[Any, tuple[int, ...]]:
+    """(wrapper, the attention ids whose indexer rows are real): SWA or linear wrapper over a DSA child."""
+    n = draw(st.integers(3, 6))
+    full, other = _split(draw, n)
+    skipped = set(draw(st.sets(st.integers(0, len(full) - 1), max_size=len(full) - 1)))
+    child = _dsa_child(full, skipped)
+    if draw(st.booleans()):
+        mapping = {g: (i, False) for i, g in enumerate(full)} | {g: (i, True) for i, g in enumerate(other)}
+        pool: Any = SimpleNamespace(full_kv_pool=child, swa_kv_pool=_mla(other, rows=2 * PS), layers_mapping=mapping)
+    else:
+        pool = SimpleNamespace(
+            full_kv_pool=child,
+            full_attention_layer_id_mapping={g: i for i, g in enumerate(full)},
+            mamba_pool=_mamba(other) if draw(st.booleans()) else None,
+        )
+    return pool, tuple(g for i, g in enumerate(full) if i not in skipped)
+
+
+@st.composite
+def unreadable_id_maps(draw: st.DrawFn) -> tuple[Any, str]:
+    """A linear or MiniMax wrapper whose id mapping is present but is no mapping (ignored before)."""
+    full, other = _split(draw, draw(st.integers(3, 6)))
+    shape = draw(st.sampled_from(["pairs", "ids", "text", "set"]))
+    as_map = {
+        "pairs": lambda ids: [(g, i) for i, g in enumerate(ids)],
+        "ids": list,
+        "text": lambda ids: ",".join(map(str, ids)),
+        "set": set,
+    }[shape]
+    if draw(st.booleans()):
+        sub = _mha(full, claim=draw(st.booleans()))
+        pool: Any = SimpleNamespace(
+            full_kv_pool=sub, full_attention_layer_id_mapping=as_map(full), mamba_pool=_mamba(other)
+        )
+        return pool, "full_attention_layer_id_mapping"
+    main = list(range(len(full) + len(other)))
+    pool = SimpleNamespace(main_pool=_mha(main), index_kv_pool=_mha(full, claim=False))
+    pool.index_kv_layer_id_mapping = as_map(full)
+    return pool, "index_kv_layer_id_mapping"
