@@ -40,6 +40,15 @@ def _enumerates(indices: Iterable[int]) -> bool:
     return ordered == list(range(len(ordered)))
 
 
+def id_map(owner: object, attr: str) -> Mapping[object, object] | None:
+    """The wrapper's id mapping ``attr``, None if absent. One that is present but no mapping (a list of
+    pairs, a string) is malformed metadata, never skipped in favour of labels 0..n-1."""
+    value = probe(owner, attr)
+    if value is None or isinstance(value, Mapping):
+        return value
+    raise bad_metadata(owner, attr, value, "a dict of global layer id -> index in its sub-pool")
+
+
 def inverse(owner: object, attr: str, mapping: Mapping[object, object]) -> tuple[int, ...]:
     """Global layer ids in sub-pool order, from ``{global id: index in the sub-pool}``."""
     where = f"{type(owner).__name__}.{attr}"
@@ -79,4 +88,4 @@ def listed_ids(sub: object, attr: str = "model_layer_ids") -> tuple[int, ...]:
     return tuple(read)
 
 
-__all__ = ["bad_metadata", "inverse", "listed_ids", "swa_ids"]
+__all__ = ["bad_metadata", "id_map", "inverse", "listed_ids", "swa_ids"]
