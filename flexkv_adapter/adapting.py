@@ -30,7 +30,7 @@ from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, de
 from .labels import layer_ids_of, mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
-from .probe import probe
+from .probe import probe, probe_path
 from .recognize import candidates, declared_axes, locate, mismatch, reading_text, vllm_twin_of
 from .report import Report
 from .sources import Source, locate_source
@@ -102,8 +102,18 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     if wrappers:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
         view = view.rebuild(report=replace(view.report, notes=(*view.report.notes, note + ", ".join(wrappers))))
-    groups = hybrid.scale_groups(pool, view.layer_ids)
+    groups = _named_planes(pool, given.get("attrs"), view.layer_ids)
     return hybrid.apply_policy(view, pool, view.report.recognizer, groups, source.mode)
+
+
+def _named_planes(pool: object, attrs: Any, layer_ids: list[int]) -> list[hybrid.SideGroup]:
+    """Scale planes beside the KV, and those of each sub-object ``attrs=`` reach into (``inner.kv_buffer``):
+    a child's scales or DSA indexer, which only that child shows, are listed, never left out unnamed."""
+    groups = hybrid.scale_groups(pool, layer_ids)
+    for owner in sorted({str(a).rpartition(".")[0] for a in attrs or ()} - {""}):
+        if (sub := probe_path(pool, owner)) is not None:
+            groups += hybrid.plane_groups(sub, layer_ids, f"{owner}.")
+    return groups
 
 
 def hybrid_markers(pool: object) -> list[str]:

@@ -69,3 +69,38 @@ def unreadable_id_maps(draw: st.DrawFn) -> tuple[Any, str]:
     pool = SimpleNamespace(main_pool=_mha(main), index_kv_pool=_mha(full, claim=False))
     pool.index_kv_layer_id_mapping = as_map(full)
     return pool, "index_kv_layer_id_mapping"
+
+
+def _planes_child(kind: str, ids: list[int]) -> tuple[SimpleNamespace, list[torch.Tensor]]:
+    """A child pool with planes beside its KV (a DSA indexer or quantisation scales), and those planes."""
+    if kind == "dsa":
+        child = _dsa_child(ids, set())
+        return child, list(child.index_k_with_scale_buffer)
+    child = _mha(ids, claim=False) if kind == "mha-scales" else _mla(ids)
+    names = ["k_scale_buffer", "v_scale_buffer"] if kind == "mha-scales" else ["kv_scale_buffer"]
+    for name in names:
+        setattr(child, name, [torch.zeros(ROWS, 2, dtype=torch.uint8) for _ in ids])
+    return child, [t for name in names for t in getattr(child, name)]
+
+
+@st.composite
+def attrs_into_a_child_with_planes(draw: st.DrawFn) -> tuple[Any, dict[str, Any], list[torch.Tensor]]:
+    """(pool, options with attrs= naming a child's KV, the child's planes): a wrapper or a plain holder."""
+    kind = draw(st.sampled_from(["dsa", "mha-scales", "mla-scales"]))
+    full, other = _split(draw, draw(st.integers(3, 5)))
+    child, planes = _planes_child(kind, full)
+    outer = draw(st.sampled_from(["linear", "holder"]))
+    if outer == "linear":
+        pool: Any = SimpleNamespace(
+            full_kv_pool=child, full_attention_layer_id_mapping={g: i for i, g in enumerate(full)}, mamba_pool=None
+        )
+        if draw(st.booleans()):
+            pool.mamba_pool = _mamba(other)
+        owner = "full_kv_pool"
+    else:
+        pool, owner = SimpleNamespace(inner=child), "inner"
+    names = ["k_buffer", "v_buffer"] if kind == "mha-scales" else ["kv_buffer"]
+    options: dict[str, Any] = {"attrs": [f"{owner}.{n}" for n in names]}
+    if (mode := draw(st.sampled_from([None, "error", "attention_only"]))) is not None:
+        options["hybrid"] = mode
+    return pool, options, planes
