@@ -209,9 +209,14 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     return planes
 
 
+def carried_planes(pool: object) -> list[str]:
+    """The attributes :func:`describe` describes that ``pool`` has: a MiniMax main pool, a DSA indexer, scales."""
+    return [n for n in ("main_pool", "index_k_with_scale_buffer", *SCALE_PLANES) if probe(pool, n) is not None]
+
+
 def carries_planes(pool: object) -> bool:
-    """Whether :func:`describe` has anything to describe: a MiniMax main pool, a DSA indexer, scale planes."""
-    return any(probe(pool, n) is not None for n in ("main_pool", "index_k_with_scale_buffer", *SCALE_PLANES))
+    """Whether :func:`describe` has anything to describe."""
+    return bool(carried_planes(pool))
 
 
 def describe(pool: object, view: PoolView) -> WholePool | None:
@@ -270,4 +275,4 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
         )
 
 
-__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carries_planes", "describe"]
+__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carried_planes", "carries_planes", "describe"]
