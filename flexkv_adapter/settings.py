@@ -194,7 +194,13 @@ class AdapterSettings(BaseSettings):
                     "connect it against their own working directory; give an absolute one, like "
                     "ipc:///tmp/flexkv_server"
                 )
-            longest = len(f"{value[6:]}{IPC_SUFFIX}".encode())
+            path = value[6:]
+            if path == "@" or (path.startswith("/") and path.rsplit("/", 1)[-1] in ("", ".", "..")):
+                raise ValueError(
+                    "names no socket: a directory (a trailing '/', '.' or '..') or an empty abstract name; ZMQ "
+                    "refuses it only when FlexKV's server binds it. Give a socket path, like ipc:///tmp/flexkv_server"
+                )
+            longest = len(f"{path}{IPC_SUFFIX}".encode())
             if longest > IPC_PATH_MAX:
                 raise ValueError(
                     f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
