@@ -10,14 +10,14 @@ Recognised by attributes, never class names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import UnsupportedPoolError
-from .hybrid_ids import inverse
+from .hybrid_ids import id_map, inverse
 from .probe import probe, probe_int
 
 if TYPE_CHECKING:
@@ -188,19 +188,20 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     """MiniMax sparse attention: index_kv (K and V) shares the main pool's token locations."""
     planes: list[Plane] = []
     if (k_only := probe(pool, "index_k_pool")) is not None:
-        mapping = probe(pool, "index_k_layer_id_mapping")
-        layers = list(inverse(pool, "index_k_layer_id_mapping", mapping)) if isinstance(mapping, Mapping) else "?"
+        mapping = id_map(pool, "index_k_layer_id_mapping")
+        layers = list(inverse(pool, "index_k_layer_id_mapping", mapping)) if mapping is not None else "?"
         raise PartialPoolError(
             f"{type(pool).__name__}.index_k_pool (layers {layers})"
             f" holds K without V ({type(k_only).__name__}): FlexKV's layer groups under an MHA pool copy K and V "
             f"planes per layer (kv_dim=2 from group 0), so it has no exact registration; it is not offloaded "
             f"partially either. Build the pool without disable_value_sparse_layer_ids, or serve without FlexKV"
         )
-    sub, mapping = probe(pool, "index_kv_pool"), probe(pool, "index_kv_layer_id_mapping")
+    sub = probe(pool, "index_kv_pool")
     if sub is None:
         return planes
+    mapping = id_map(pool, "index_kv_layer_id_mapping")
     k, v = _tensors(probe(sub, "k_buffer")), _tensors(probe(sub, "v_buffer"))
-    if not (k and v and isinstance(mapping, Mapping)) or probe_int(sub, "page_size") != view.page_size:
+    if not (k and v and mapping is not None) or probe_int(sub, "page_size") != view.page_size:
         raise PartialPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
     ids = inverse(pool, "index_kv_layer_id_mapping", mapping)  # the one reading of a wrapper's id mapping
     kv_rows = _kv_rows(probe(pool, "main_pool"))

@@ -104,3 +104,55 @@ def attrs_into_a_child_with_planes(draw: st.DrawFn) -> tuple[Any, dict[str, Any]
     if (mode := draw(st.sampled_from([None, "error", "attention_only"]))) is not None:
         options["hybrid"] = mode
     return pool, options, planes
+
+
+class _IterLies(dict):  # type: ignore[type-arg]
+    """items() says one thing, iteration and [] (SGLang's reading) another: layers swapped."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(dict.keys(self))[::-1])
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        values = list(dict.values(self))
+        return values[::-1][list(dict.keys(self)).index(key)]
+
+
+class _Alternating:
+    """A wrapper whose mapping property gives another dict on every read."""
+
+    def __init__(self, attr: str, first: dict[Any, Any], second: dict[Any, Any]) -> None:
+        self._attr, self._reads, self._maps = attr, 0, (first, second)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self.__dict__.get("_attr"):
+            self.__dict__["_reads"] += 1
+            return self._maps[self.__dict__["_reads"] % 2]
+        raise AttributeError(name)
+
+
+@st.composite
+def mappings_read_two_ways(draw: st.DrawFn) -> tuple[Any, str, bool, tuple[int, ...]]:
+    """(pool, mapping attribute, whether the mapping lies, the honest layer ids): a linear wrapper whose
+    full_attention_layer_id_mapping is a lying dict subclass, changes between reads, or is an honest Mapping."""
+    n = draw(st.integers(3, 6))
+    order = draw(st.permutations(list(range(n))))
+    cut = draw(st.integers(2, n - 1))  # two attention layers at least: a swap is a different labelling
+    full, other = sorted(order[:cut]), sorted(order[cut:])
+    honest = {g: i for i, g in enumerate(full)}
+    attr = "full_attention_layer_id_mapping"
+    how = draw(st.sampled_from(["iter-lies", "alternating", "userdict", "proxy", "copy-per-read"]))
+    parts = {"full_kv_pool": _mha(full, claim=False), "mamba_pool": _mamba(other)}
+    if how == "alternating":
+        swapped = dict(zip(honest, list(honest.values())[::-1]))
+        pool: Any = _Alternating(attr, honest, swapped)
+        pool.__dict__.update(parts)
+        return pool, attr, True, tuple(full)
+    if how == "copy-per-read":  # a fresh dict of the same objects on every read: one reading
+        pool = _Alternating(attr, honest, dict(honest))
+        pool.__dict__.update(parts)
+        return pool, attr, False, tuple(full)
+    from collections import UserDict
+    from types import MappingProxyType
+
+    mapping = {"iter-lies": _IterLies, "userdict": UserDict, "proxy": MappingProxyType}[how](honest)
+    return SimpleNamespace(**parts, **{attr: mapping}), attr, how == "iter-lies", tuple(full)
