@@ -26,7 +26,7 @@ from .carve import (
     trim_rows,
 )
 from .containers import Located
-from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
+from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
 from .labels import layer_ids_of, mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
@@ -95,6 +95,7 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     if structure is not None:
         view = mapped_layer_ids(pool, structure, view, set(given))
         groups = [*structure.side_groups, *hybrid.plane_groups(structure.primary, view.layer_ids, "")]
+        _check_disjoint(pool, view, groups)
         return hybrid.apply_policy(view, pool, structure.family, groups, source.mode)
     if given.get("attrs"):
         view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
@@ -114,6 +115,17 @@ def _named_planes(pool: object, attrs: Any, layer_ids: list[int]) -> list[hybrid
         if (sub := probe_path(pool, owner)) is not None:
             groups += hybrid.plane_groups(sub, layer_ids, f"{owner}.")
     return groups
+
+
+def _check_disjoint(pool: object, view: PoolView, groups: list[hybrid.SideGroup]) -> None:
+    """SWA and Mamba layers are never attention layers: a label naming one was guessed (no id mapping)."""
+    other = {lid for g in groups if g.index_space in ("swa_token", "mamba_slot") for lid in g.layer_ids}
+    if clash := sorted(other & set(view.layer_ids)):
+        raise InconsistentLayersError(
+            f"{type(pool).__name__}: attention layers labelled {view.layer_ids} include {clash}, which are SWA or "
+            f"Mamba layers; the wrapper does not say where its attention layers sit (no layer id mapping, no "
+            f"model_layer_ids). Pass layer_ids=[...] with their model layer ids"
+        )
 
 
 def hybrid_markers(pool: object) -> list[str]:

@@ -156,3 +156,17 @@ def mappings_read_two_ways(draw: st.DrawFn) -> tuple[Any, str, bool, tuple[int, 
 
     mapping = {"iter-lies": _IterLies, "userdict": UserDict, "proxy": MappingProxyType}[how](honest)
     return SimpleNamespace(**parts, **{attr: mapping}), attr, how == "iter-lies", tuple(full)
+
+
+@st.composite
+def linear_wrappers_without_attention_ids(draw: st.DrawFn) -> tuple[Any, list[int], list[int]]:
+    """(pool, attention ids, Mamba ids): a linear wrapper with no id mapping and a child without
+    model_layer_ids, so nothing says where its attention layers sit; the Mamba ids include 0."""
+    n = draw(st.integers(3, 6))
+    order = draw(st.permutations(list(range(n))))
+    cut = draw(st.integers(1, n - 1))
+    full, mamba = sorted(order[:cut]), sorted(order[cut:])
+    if 0 not in mamba:  # labels 0..k-1 (the child's default) then name a Mamba layer
+        full, mamba = sorted(set(full) - {0} | {mamba[0]}), sorted(set(mamba) - {mamba[0]} | {0})
+    pool = SimpleNamespace(full_kv_pool=_mha(full, claim=False), mamba_pool=_mamba(mamba))
+    return pool, full, mamba
