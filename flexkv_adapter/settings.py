@@ -184,28 +184,30 @@ class AdapterSettings(BaseSettings):
     @field_validator("server_recv_port")
     @classmethod
     def _ipc_path_fits(cls, value: str) -> str:
-        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must be
-        absolute (or abstract, ``@name``) and fit a unix socket address (107 bytes), or ZMQ meets it only
-        once the remote binds it, relative to whichever directory that process runs in."""
-        if value.startswith("ipc://"):
-            if not value[6:].startswith(("/", "@")):
-                raise ValueError(
-                    "is a relative ipc path: start_remote, the engine and FlexKV's server would each bind or "
-                    "connect it against their own working directory; give an absolute one, like "
-                    "ipc:///tmp/flexkv_server"
-                )
-            path = value[6:]
-            if path == "@" or (path.startswith("/") and path.rsplit("/", 1)[-1] in ("", ".", "..")):
-                raise ValueError(
-                    "names no socket: a directory (a trailing '/', '.' or '..') or an empty abstract name; ZMQ "
-                    "refuses it only when FlexKV's server binds it. Give a socket path, like ipc:///tmp/flexkv_server"
-                )
-            longest = len(f"{path}{IPC_SUFFIX}".encode())
-            if longest > IPC_PATH_MAX:
-                raise ValueError(
-                    f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
-                    f"most {IPC_PATH_MAX}: choose a shorter path"
-                )
+        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``: the port must be ipc, its
+        path absolute (or abstract, ``@name``), a socket's, and fit a unix socket address (107 bytes), or ZMQ
+        meets it only once the remote binds it, relative to whichever directory that process runs in."""
+        if not value.startswith("ipc://"):  # tcp://h:p_gpu_register is no endpoint; ZMQ's names are case-sensitive
+            raise ValueError(
+                "is not an ipc:// endpoint: FlexKV connects to '<it>_gpu_register' and '<it>_gpu_register_control', "
+                "socket names only under ipc://; give one like ipc:///tmp/flexkv_server"
+            )
+        path = value[6:]
+        if not path.startswith(("/", "@")):
+            raise ValueError(
+                "is a relative ipc path: start_remote, the engine and FlexKV's server would each bind or connect it "
+                "against their own working directory; give an absolute one, like ipc:///tmp/flexkv_server"
+            )
+        if path == "@" or (path.startswith("/") and path.rsplit("/", 1)[-1] in ("", ".", "..")):
+            raise ValueError(
+                "names no socket: a directory (a trailing '/', '.' or '..') or an empty abstract name; ZMQ "
+                "refuses it only when FlexKV's server binds it. Give a socket path, like ipc:///tmp/flexkv_server"
+            )
+        if (longest := len(f"{path}{IPC_SUFFIX}".encode())) > IPC_PATH_MAX:
+            raise ValueError(
+                f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
+                f"most {IPC_PATH_MAX}: choose a shorter path"
+            )
         return value
 
     @field_validator("transfer_manager")

@@ -12,6 +12,7 @@ import os
 import pytest
 import yaml
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.settings import load_settings
@@ -51,3 +52,11 @@ def test_every_way_in_refuses_it(tmp_path, monkeypatch, way, endpoint):
 @given(absolute_ipc_endpoints())
 def test_control_socket_paths_and_abstract_names_load(endpoint):
     assert load_settings(server_recv_port=endpoint).server_recv_port == endpoint
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["tcp://10.0.0.1:6000", "IPC:///tmp/x", "ipc:/tmp/x", "inproc://x", "/tmp/x", "x"]))
+def test_an_endpoint_that_is_not_ipc_is_refused(endpoint):
+    # FlexKV connects to f"{server_recv_port}_gpu_register" and "..._control": a socket name only for ipc://
+    with pytest.raises(SettingsError, match="not an ipc:// endpoint"):
+        load_settings(server_recv_port=endpoint)
