@@ -11,11 +11,15 @@ exception and never a silently ignored number.
 from __future__ import annotations
 
 import numbers
+import re
 
 import torch
 
 from .errors import AdapterError
 from .text import short_repr
+
+LIMIT = 1 << 40  # no real page size, dimension, layer id, block count or byte offset comes near it
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,20}")  # ASCII digits only: int() also reads other scripts' digits
 
 
 def _is_bool(value: object) -> bool:
@@ -79,7 +83,8 @@ def bounded_integer(
     number = _index(value, what, error)
     if number is None or not minimum <= number < maximum:
         wanted = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
-        raise error(f"{what} must be {wanted}, got {short_repr(value)}")
+        bound = f" below {maximum}" if number is not None and number >= maximum else ""
+        raise error(f"{what} must be {wanted}{bound}, got {short_repr(value)}")
     return number
 
 
@@ -105,3 +110,11 @@ def _one_d_array(value: object) -> bool:
         return (isinstance(value, torch.Tensor) or type(value).__module__ == "numpy") and value.ndim == 1  # type: ignore[attr-defined]
     except Exception:  # a hostile ndim: not an array we can read; refused as not a list
         return False
+
+
+def decimal_text(text: str) -> int | str:
+    """Text that spells an integer (an environment variable: ``"16"``, ``" -3 "``) as that integer; any other
+    text unchanged, for the typed rule to refuse (``"16.0"``, ``"1_6"``, ``"0x10"``, ``"true"``, other scripts'
+    digits). Text is the only way in whose values are all strings; everywhere else a string is refused."""
+    stripped = text.strip()
+    return int(stripped) if _DECIMAL.fullmatch(stripped) else text

@@ -35,13 +35,14 @@ from pydantic_settings import (
 
 from .errors import SettingsError
 from .hosts import is_unspecified
-from .strict import NoBool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from .integers import decimal_text
+from .strict import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, integer_rule, is_integer_field
 from .text import clip, short_repr
 from .yamlfile import as_path, read_yaml_mapping, shown
 
 ENV_PREFIX = "FLEXKV_ADAPTER_"
 CONFIG_ENV = "FLEXKV_ADAPTER_CONFIG"
-Port = Annotated[int, NoBool, Field(ge=1, le=65535)]
+Port = Annotated[int, integer_rule(1), Field(le=65535)]
 # Durations, bounded by what consumes them (checked at load, before anything connects):
 WAIT_MAX_S = 1e9  # Event.wait/sleep/socket timeouts (CPython's limit is about 9.2e9 s)
 ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit milliseconds (about 24.8 days)
@@ -213,14 +214,11 @@ class AdapterSettings(BaseSettings):
     @classmethod
     def _split_ports(cls, value: Any) -> Any:
         if isinstance(value, str):
-            parts = [p.strip() for p in value.split(",")]
-            try:
-                return tuple(int(p) for p in parts)
-            except ValueError:
-                raise ValueError("expected three comma-separated port numbers like 5556,5557,5558") from None
-        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
-            raise ValueError("a boolean is not a port number")
-        return value
+            parts = [decimal_text(p) for p in value.split(",")]
+            if not all(isinstance(p, int) for p in parts):
+                raise ValueError("expected three comma-separated port numbers like 5556,5557,5558")
+            return tuple(parts)
+        return value  # each item goes through the integer rule (Port)
 
     @field_validator("master_ports")
     @classmethod
@@ -245,10 +243,30 @@ class AdapterSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_data = _file_data.get()
-        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, _EnvIntegers(settings_cls, env_settings))
         if file_data:
             sources += (InitSettingsSource(settings_cls, init_kwargs=file_data),)
         return sources
+
+
+class _EnvIntegers(PydanticBaseSettingsSource):
+    """The environment, with integer fields' text read as decimal integers: the environment holds only text,
+    and every other way in refuses a string where a number belongs (``"16"`` is an integer only here)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._env = env
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._env.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        data = self._env()
+        fields = self.settings_cls.model_fields
+        return {
+            k: decimal_text(v) if isinstance(v, str) and k in fields and is_integer_field(fields[k]) else v
+            for k, v in data.items()
+        }
 
 
 def _env_names(field: str) -> list[str]:

@@ -1,10 +1,22 @@
-"""Number types for configuration models: a boolean is not a number (``page_size: yes`` is not 1)."""
+"""Number types for configuration models: a boolean is not a number (``page_size: yes`` is not 1).
+
+Integer fields read their values through :mod:`~flexkv_adapter.integers` (the rule adapt()'s options,
+plan() and pool metadata use), so a settings field, a YAML spec and an argument accept and refuse the
+same values: ``16.0``, ``"16"``, ``numpy.True_`` and ``10**30`` are refused everywhere, numpy and 0-d
+tensor integers accepted everywhere. Environment text is turned into integers before, by
+:func:`~flexkv_adapter.integers.decimal_text`.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, ValidationInfo
+from pydantic.fields import FieldInfo
+
+from .integers import LIMIT, bounded_integer
 
 
 def _refuse_bool(value: Any) -> Any:
@@ -13,9 +25,27 @@ def _refuse_bool(value: Any) -> Any:
     return value
 
 
+def integer_rule(minimum: int, maximum: int = LIMIT) -> BeforeValidator:
+    """The one integer rule as a pydantic validator: ``minimum <= n < maximum``."""
+
+    def read(value: Any, info: ValidationInfo) -> int:
+        return bounded_integer(value, info.field_name or "value", minimum, maximum)
+
+    check: Callable[..., int] = read
+    check.integer_rule = (minimum, maximum)  # type: ignore[attr-defined]  # marks integer fields (env text)
+    return BeforeValidator(check)
+
+
+def is_integer_field(field: FieldInfo) -> bool:
+    """Whether a field's value (or ``None``) is read by :func:`integer_rule`."""
+    members = get_args(field.annotation) if get_origin(field.annotation) in (Union, UnionType) else ()
+    metadata = [*field.metadata, *(m for a in members if get_origin(a) is Annotated for m in a.__metadata__)]
+    return any(isinstance(m, BeforeValidator) and hasattr(m.func, "integer_rule") for m in metadata)
+
+
 NoBool = BeforeValidator(_refuse_bool)
-Int = Annotated[int, NoBool]
-PositiveInt = Annotated[int, NoBool, Field(gt=0)]
-NonNegativeInt = Annotated[int, NoBool, Field(ge=0)]
+Int = Annotated[int, integer_rule(-LIMIT)]
+PositiveInt = Annotated[int, integer_rule(1)]
+NonNegativeInt = Annotated[int, integer_rule(0)]
 PositiveFloat = Annotated[float, NoBool, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, NoBool, Field(ge=0, allow_inf_nan=False)]
