@@ -36,7 +36,7 @@ from pydantic_settings import (
 from .errors import SettingsError
 from .hosts import is_unspecified
 from .integers import decimal_text
-from .strict import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, integer_rule, is_integer_field
+from .strict import EnvIntegers, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, integer_rule
 from .text import clip, short_repr
 from .yamlfile import as_path, read_yaml_mapping, shown
 
@@ -243,30 +243,10 @@ class AdapterSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_data = _file_data.get()
-        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, _EnvIntegers(settings_cls, env_settings))
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, EnvIntegers(settings_cls, env_settings))
         if file_data:
             sources += (InitSettingsSource(settings_cls, init_kwargs=file_data),)
         return sources
-
-
-class _EnvIntegers(PydanticBaseSettingsSource):
-    """The environment, with integer fields' text read as decimal integers: the environment holds only text,
-    and every other way in refuses a string where a number belongs (``"16"`` is an integer only here)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
-        super().__init__(settings_cls)
-        self._env = env
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._env.get_field_value(field, field_name)
-
-    def __call__(self) -> dict[str, Any]:
-        data = self._env()
-        fields = self.settings_cls.model_fields
-        return {
-            k: decimal_text(v) if isinstance(v, str) and k in fields and is_integer_field(fields[k]) else v
-            for k, v in data.items()
-        }
 
 
 def _env_names(field: str) -> list[str]:

@@ -15,8 +15,9 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BeforeValidator, Field, ValidationInfo
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from .integers import LIMIT, bounded_integer
+from .integers import LIMIT, bounded_integer, decimal_text
 
 
 def _refuse_bool(value: Any) -> Any:
@@ -49,3 +50,23 @@ PositiveInt = Annotated[int, integer_rule(1)]
 NonNegativeInt = Annotated[int, integer_rule(0)]
 PositiveFloat = Annotated[float, NoBool, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, NoBool, Field(ge=0, allow_inf_nan=False)]
+
+
+class EnvIntegers(PydanticBaseSettingsSource):
+    """The environment, with integer fields' text read as decimal integers: the environment holds only text,
+    and every other way in refuses a string where a number belongs (``"16"`` is an integer only here)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._env = env
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._env.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        data = self._env()
+        fields = self.settings_cls.model_fields
+        return {
+            k: decimal_text(v) if isinstance(v, str) and k in fields and is_integer_field(fields[k]) else v
+            for k, v in data.items()
+        }
