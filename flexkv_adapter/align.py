@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .errors import AlignmentError
 from .integers import LIMIT, bounded_integer
+from .strict import COLLECTIVE_MAX_S, read_seconds
 from .text import clip, short_repr
 from .views import MHAView, PoolView
 
@@ -40,20 +41,13 @@ def fingerprint(view: PoolView) -> dict[str, Any]:
     }
 
 
-MAX_TIMEOUT_S = 7 * 86400.0
+MAX_TIMEOUT_S = COLLECTIVE_MAX_S
 
 
 def _check_timeout(timeout: object, what: str) -> float:
-    """Before any rank waits: a bad timeout is this rank's programming error (the others time out)."""
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout <= MAX_TIMEOUT_S  # also refuses nan
-    ):
-        raise AlignmentError(
-            f"{what}: timeout={short_repr(timeout)} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
-        )
-    return float(timeout)
+    """Before any rank waits: a bad timeout is this rank's programming error (the others time out). The rule
+    is the ``align_timeout_s`` setting's (:func:`~flexkv_adapter.strict.read_seconds`)."""
+    return read_seconds(timeout, f"{what}: timeout", MAX_TIMEOUT_S, error=AlignmentError)
 
 
 def _exchange(op: str, problem: str | None, data: Any, group: Any, timeout: float) -> list[Any]:

@@ -22,7 +22,8 @@ LIMIT = 1 << 40  # no real page size, dimension, layer id, block count or byte o
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,20}")  # ASCII digits only: int() also reads other scripts' digits
 
 
-def _is_bool(value: object) -> bool:
+def is_bool(value: object) -> bool:
+    """A bool of any kind: ``bool``, ``numpy.bool_``, bool arrays and tensors."""
     if isinstance(value, bool):
         return True
     try:
@@ -44,7 +45,7 @@ def looks_numeric(value: object) -> bool:
 
 def _index(value: object, what: str, error: type[AdapterError] = AdapterError) -> int | None:
     """The integer, None if ``value`` is not one (bools included); AdapterError if reading it fails."""
-    if _is_bool(value):
+    if is_bool(value):
         return None
     if isinstance(value, torch.Tensor):
         if value.is_meta:
@@ -71,7 +72,7 @@ def read_integer(value: object, what: str, error: type[AdapterError] = AdapterEr
     (pool metadata: :class:`~flexkv_adapter.errors.InconsistentLayersError`)."""
     number = _index(value, what, error)
     if number is None:
-        kind = "an integer, not a bool" if _is_bool(value) else "an integer"
+        kind = "an integer, not a bool" if is_bool(value) else "an integer"
         raise error(f"{what} must be {kind}, got {short_repr(value)}")
     return number
 
@@ -100,7 +101,7 @@ def read_integer_list(value: object, what: str, error: type[AdapterError] = Adap
 
 def read_flag(value: object, what: str, error: type[AdapterError] = AdapterError) -> bool:
     """A bool (``bool``, ``numpy.bool_``, 0-d bool array or tensor); 0 and 1 are integers, not flags."""
-    if not _is_bool(value) or getattr(value, "ndim", 0) != 0:
+    if not is_bool(value) or getattr(value, "ndim", 0) != 0:
         raise error(f"{what} must be a bool, got {short_repr(value)}")
     return bool(value)  # type: ignore[arg-type]
 

@@ -1,29 +1,52 @@
 """Number types for configuration models: a boolean is not a number (``page_size: yes`` is not 1).
 
 Integer fields read their values through :mod:`~flexkv_adapter.integers` (the rule adapt()'s options,
-plan() and pool metadata use), so a settings field, a YAML spec and an argument accept and refuse the
-same values: ``16.0``, ``"16"``, ``numpy.True_`` and ``10**30`` are refused everywhere, numpy and 0-d
-tensor integers accepted everywhere. Environment text is turned into integers before, by
-:func:`~flexkv_adapter.integers.decimal_text`.
+plan() and pool metadata use), durations through :func:`read_seconds` (the rule
+:func:`~flexkv_adapter.align.align_across_ranks` applies to its ``timeout``), so a settings field, a
+YAML spec and an argument accept and refuse the same values: ``16.0``, ``"16"``, ``numpy.True_`` and
+``10**30`` are no page size anywhere, ``"5"`` and ``True`` no duration. Only the environment holds
+text: :class:`EnvNumbers` reads a number's text there first.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import re
 from collections.abc import Callable
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BeforeValidator, Field, ValidationInfo
+from pydantic import BeforeValidator, ValidationInfo
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from .integers import LIMIT, bounded_integer, decimal_text
+from .errors import AdapterError
+from .integers import LIMIT, bounded_integer, decimal_text, is_bool
+from .text import short_repr
+
+COLLECTIVE_MAX_S = 7 * 86400.0  # the longest timeout align_across_ranks/align_block_counts (and the setting) take
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")  # ASCII; no inf, nan or 1_0
 
 
-def _refuse_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a number")
-    return value
+def read_seconds(
+    value: object, what: str, maximum: float, zero: bool = False, error: type[AdapterError] = AdapterError
+) -> float:
+    """A duration: a real number (never a bool or a string), finite, in ``(0, maximum]`` (``[0, ...]`` with
+    ``zero``); anything else is ``error`` naming ``what``."""
+    try:
+        number = float(value) if isinstance(value, numbers.Real) and not is_bool(value) else math.nan  # type: ignore[arg-type]
+    except (OverflowError, ValueError, TypeError):  # 10**400; a Real whose __float__ fails
+        number = math.nan
+    if not (number >= 0 if zero else number > 0) or not number <= maximum:  # nan fails both
+        low = "[0" if zero else "(0"
+        raise error(f"{what}={short_repr(value)} must be a number of seconds in {low}, {maximum:g}]")
+    return number
+
+
+def _marked(check: Callable[..., Any], kind: str) -> BeforeValidator:
+    check.number_kind = kind  # type: ignore[attr-defined]  # what the environment's text is read as
+    return BeforeValidator(check)
 
 
 def integer_rule(minimum: int, maximum: int = LIMIT) -> BeforeValidator:
@@ -32,29 +55,44 @@ def integer_rule(minimum: int, maximum: int = LIMIT) -> BeforeValidator:
     def read(value: Any, info: ValidationInfo) -> int:
         return bounded_integer(value, info.field_name or "value", minimum, maximum)
 
-    check: Callable[..., int] = read
-    check.integer_rule = (minimum, maximum)  # type: ignore[attr-defined]  # marks integer fields (env text)
-    return BeforeValidator(check)
+    return _marked(read, "int")
 
 
-def is_integer_field(field: FieldInfo) -> bool:
-    """Whether a field's value (or ``None``) is read by :func:`integer_rule`."""
+def seconds_rule(maximum: float, zero: bool = False) -> BeforeValidator:
+    """:func:`read_seconds` as a pydantic validator."""
+
+    def read(value: Any, info: ValidationInfo) -> float:
+        return read_seconds(value, info.field_name or "value", maximum, zero)
+
+    return _marked(read, "float")
+
+
+def number_kind(field: FieldInfo) -> str | None:
+    """``"int"`` or ``"float"`` for a field read by one of the rules here (its value or ``None``), else None."""
     members = get_args(field.annotation) if get_origin(field.annotation) in (Union, UnionType) else ()
     metadata = [*field.metadata, *(m for a in members if get_origin(a) is Annotated for m in a.__metadata__)]
-    return any(isinstance(m, BeforeValidator) and hasattr(m.func, "integer_rule") for m in metadata)
+    kinds = [getattr(m.func, "number_kind", None) for m in metadata if isinstance(m, BeforeValidator)]
+    return next((k for k in kinds if k), None)
 
 
-NoBool = BeforeValidator(_refuse_bool)
+def number_text(text: str, kind: str | None) -> object:
+    """Environment text as the number it spells (ASCII decimal; a float may have a point and an exponent), or
+    the text unchanged for the rule to refuse."""
+    if kind == "int":
+        return decimal_text(text)
+    if kind == "float" and _FLOAT.fullmatch(text.strip()):
+        return float(text.strip())
+    return text
+
+
 Int = Annotated[int, integer_rule(-LIMIT)]
 PositiveInt = Annotated[int, integer_rule(1)]
 NonNegativeInt = Annotated[int, integer_rule(0)]
-PositiveFloat = Annotated[float, NoBool, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, NoBool, Field(ge=0, allow_inf_nan=False)]
 
 
-class EnvIntegers(PydanticBaseSettingsSource):
-    """The environment, with integer fields' text read as decimal integers: the environment holds only text,
-    and every other way in refuses a string where a number belongs (``"16"`` is an integer only here)."""
+class EnvNumbers(PydanticBaseSettingsSource):
+    """The environment, with number fields' text read as numbers: the environment holds only text, and
+    every other way in refuses a string where a number belongs (``"16"`` is an integer only here)."""
 
     def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
         super().__init__(settings_cls)
@@ -64,9 +102,8 @@ class EnvIntegers(PydanticBaseSettingsSource):
         return self._env.get_field_value(field, field_name)
 
     def __call__(self) -> dict[str, Any]:
-        data = self._env()
         fields = self.settings_cls.model_fields
         return {
-            k: decimal_text(v) if isinstance(v, str) and k in fields and is_integer_field(fields[k]) else v
-            for k, v in data.items()
+            k: number_text(v, number_kind(fields[k])) if isinstance(v, str) and k in fields else v
+            for k, v in self._env().items()
         }

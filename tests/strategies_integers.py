@@ -55,3 +55,13 @@ def env_texts() -> st.SearchStrategy[str]:
         st.sampled_from(["", "true", "1_6", "0x10", "1e1", "\u0663", "\uff11\uff16", "16 16", "-", "nan", "9" * 5000]),
         st.text(alphabet="0123456789 +-._xe", max_size=12),
     )
+
+
+def durations() -> st.SearchStrategy[object]:
+    """Timeouts: in and out of ``(0, 7 days]``, non-finite, and in costumes a duration must not wear."""
+    seconds = st.sampled_from([0.5, 60, 604800, 604800.5, 1e9, 0, -1, 10**400]) | st.floats(allow_nan=True)
+    return st.one_of(
+        seconds,
+        seconds.filter(lambda x: abs(x) < 1e300).map(lambda x: np.float64(x)),
+        st.sampled_from([True, np.True_, "60", "1e3", torch.tensor(5.0), Decimal("60"), Fraction(1, 2)]),
+    )

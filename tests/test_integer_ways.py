@@ -26,7 +26,7 @@ from flexkv_adapter import AdapterError, adapt, load_settings
 from flexkv_adapter.align import align_block_counts
 from flexkv_adapter.flexkv import plan
 
-from .strategies_integers import ROWS, env_texts, hostile_integers
+from .strategies_integers import ROWS, durations, env_texts, hostile_integers
 from .test_vllm_layout import views
 
 RULE = {1: "must be a positive integer", 0: "must be a non-negative integer"}
@@ -158,6 +158,35 @@ def test_environment_text_is_an_integer_only_when_it_spells_one(text):
         assert got == _outcome(lambda v: load_settings(page_size=v).page_size, int(text), 1)
     else:
         assert got == ("refused", RULE[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=durations())
+def test_the_align_timeout_setting_takes_what_align_takes(one_rank, value):
+    """``align_timeout_s`` is what README passes to align_across_ranks: a setting that loads is a timeout
+    the collective takes (it took up to 1e9 s, the collective 7 days), and the same values are refused."""
+    ways = {
+        "load_settings": lambda v: load_settings(align_timeout_s=v).align_timeout_s,
+        "align_block_counts": lambda v: align_block_counts({"num_cpu_blocks": 4}, timeout=v) and float(v),
+    }
+    if _yaml_plain(value):
+        ways["settings file"] = _with_yaml(lambda path: _settings_value(path, "align_timeout_s"))
+    outcomes = {name: _seconds_outcome(way, value) for name, way in ways.items()}
+    assert len(set(outcomes.values())) == 1, (value, outcomes)
+
+
+def _settings_value(path: str, field: str) -> object:
+    text = Path(path).read_text().replace("value:", f"{field}:")
+    Path(path).write_text(text)
+    return getattr(load_settings(config_file=path), field)
+
+
+def _seconds_outcome(way: Any, value: object) -> tuple[str, object]:
+    try:
+        return "accepted", way(value)
+    except AdapterError as exc:
+        assert "must be a number of seconds in (0, 604800]" in str(exc), f"refused for another reason: {exc}"
+        return "refused", None
 
 
 def test_numpy_true_is_no_page_size_in_a_spec_or_the_settings():
