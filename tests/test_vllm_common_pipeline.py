@@ -12,10 +12,20 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flexkv_adapter.build as build
-from flexkv_adapter import AdapterError, InconsistentLayersError, NotAddressableError, adapt
-from flexkv_adapter.vllm_layout import vllm_form
+from flexkv_adapter import (
+    AdapterError,
+    AmbiguousLayoutError,
+    InconsistentLayersError,
+    NotAddressableError,
+    UnsupportedPoolError,
+    adapt,
+)
+from flexkv_adapter.adapting import recognise
+from flexkv_adapter.options import resolve_geometry
+from flexkv_adapter.vllm_layout import LAYOUTS, vllm_form, vllm_twin
 
 from .helpers import SGLangLikeMHAPool
 from .strategies_vllm import CopyingMapping, layer_views, vllm_033_dicts
@@ -59,6 +69,32 @@ def test_a_vllm_dict_view_is_the_generic_view_of_the_same_tensors(case):
             chunk.data_ptr(),
             (chunk.shape[0] * chunk.shape[1], 1, chunk.shape[3]),
         )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layout=st.sampled_from(sorted(LAYOUTS)),
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 4), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4])),
+    content=st.sampled_from([4, 8]),
+)
+def test_a_generic_reading_fits_a_vllm_dict_only_where_the_ambiguity_rule_refuses_it(layout, shape, content):
+    """The vLLM reading is chosen without asking the generic recogniser; that is safe only because every
+    vLLM dict that another reading fits is refused as ambiguous (vllm_twin), so no fit is passed over."""
+    layers, blocks, heads, tokens = shape
+    kv = {
+        f"model.layers.{i}.attn": v for i, v in enumerate(layer_views(layout, layers, blocks, heads, tokens, content))
+    }
+    try:
+        recognise(kv, resolve_geometry(kv, None, {}), {})
+        fits = True
+    except UnsupportedPoolError:
+        fits = False
+    except AmbiguousLayoutError:
+        fits = True
+    if fits:
+        assert vllm_twin(list(kv.values())) is not None
+        with pytest.raises(AmbiguousLayoutError):
+            adapt(kv, kind="mla" if heads == 1 else "mha", page_size=tokens)
 
 
 def _mla_dict() -> dict[str, torch.Tensor]:
