@@ -36,7 +36,15 @@ from pydantic_settings import (
 from .errors import SettingsError
 from .hosts import is_unspecified
 from .integers import decimal_text
-from .strict import COLLECTIVE_MAX_S, EnvNumbers, NonNegativeInt, PositiveInt, integer_rule, seconds_rule
+from .strict import (
+    COLLECTIVE_MAX_S,
+    EnvNumbers,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    integer_rule,
+)
 from .text import clip, short_repr
 from .yamlfile import as_path, read_yaml_mapping, shown
 
@@ -46,9 +54,9 @@ Port = Annotated[int, integer_rule(1), Field(le=65535)]
 # Durations, bounded by what consumes them (checked at load, before anything connects):
 WAIT_MAX_S = 1e9  # Event.wait/sleep/socket timeouts (CPython's limit is about 9.2e9 s)
 ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit milliseconds (about 24.8 days)
-Seconds = Annotated[float, seconds_rule(WAIT_MAX_S)]
-SecondsOrZero = Annotated[float, seconds_rule(WAIT_MAX_S, zero=True)]
-ZmqSeconds = Annotated[float, seconds_rule(ZMQ_MS_MAX_S)]
+Seconds = Annotated[PositiveFloat, Field(le=WAIT_MAX_S)]
+SecondsOrZero = Annotated[NonNegativeFloat, Field(le=WAIT_MAX_S)]
+ZmqSeconds = Annotated[PositiveFloat, Field(le=ZMQ_MS_MAX_S)]
 FAILED_VISIBLE_MAX_S = 60.0  # the engine polls every 0.5 s; longer only delays a failed remote's restart
 IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
@@ -111,7 +119,7 @@ class AdapterSettings(BaseSettings):
     hybrid: Literal["error", "attention_only"] = "error"
     tp_size: PositiveInt = 1
     total_kv_heads: PositiveInt | None = None
-    align_timeout_s: Annotated[float, seconds_rule(COLLECTIVE_MAX_S)] = 60.0  # align_across_ranks' bound
+    align_timeout_s: Annotated[PositiveFloat, Field(le=COLLECTIVE_MAX_S)] = 60.0  # align_across_ranks' bound
     register_attempts: PositiveInt = 360
     register_interval_s: SecondsOrZero = 1.0
 
@@ -140,7 +148,7 @@ class AdapterSettings(BaseSettings):
     keep_cuda_visible_devices: bool = False
     health_host: str = "127.0.0.1"
     health_port: Port | None = None
-    failed_visible_s: Annotated[float, seconds_rule(FAILED_VISIBLE_MAX_S, zero=True)] = 2.0  # serve `failed`, then exit
+    failed_visible_s: Annotated[NonNegativeFloat, Field(le=FAILED_VISIBLE_MAX_S)] = 2.0  # serve `failed`, then exit
     ready_file: Path | None = None
     lock_dir: Path | None = None  # None: $XDG_RUNTIME_DIR, else a private /tmp/flexkv-adapter-<uid>
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BeforeValidator, ValidationInfo
+from pydantic import BeforeValidator, Field, ValidationInfo
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -33,7 +33,8 @@ def read_seconds(
     value: object, what: str, maximum: float, zero: bool = False, error: type[AdapterError] = AdapterError
 ) -> float:
     """A duration: a real number (never a bool or a string), finite, in ``(0, maximum]`` (``[0, ...]`` with
-    ``zero``); anything else is ``error`` naming ``what``."""
+    ``zero``); anything else is ``error`` naming ``what``. The settings' :data:`PositiveFloat` with
+    ``le=maximum`` accepts the same values (tests/test_integer_ways.py)."""
     try:
         number = float(value) if isinstance(value, numbers.Real) and not is_bool(value) else math.nan  # type: ignore[arg-type]
     except (OverflowError, ValueError, TypeError):  # 10**400; a Real whose __float__ fails
@@ -58,13 +59,16 @@ def integer_rule(minimum: int, maximum: int = LIMIT) -> BeforeValidator:
     return _marked(read, "int")
 
 
-def seconds_rule(maximum: float, zero: bool = False) -> BeforeValidator:
-    """:func:`read_seconds` as a pydantic validator."""
-
-    def read(value: Any, info: ValidationInfo) -> float:
-        return read_seconds(value, info.field_name or "value", maximum, zero)
-
-    return _marked(read, "float")
+def _real(value: Any) -> float:
+    """A real number for a float field: never a bool or a string (the range is the field's own)."""
+    if is_bool(value):
+        raise ValueError("a boolean is not a number")
+    if isinstance(value, str) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{short_repr(value)} is not a number (only environment text is read as one)")
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):
+        raise ValueError(f"{short_repr(value)} is not a finite number") from None
 
 
 def number_kind(field: FieldInfo) -> str | None:
@@ -85,9 +89,12 @@ def number_text(text: str, kind: str | None) -> object:
     return text
 
 
+Real = _marked(_real, "float")
 Int = Annotated[int, integer_rule(-LIMIT)]
 PositiveInt = Annotated[int, integer_rule(1)]
 NonNegativeInt = Annotated[int, integer_rule(0)]
+PositiveFloat = Annotated[float, Real, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Real, Field(ge=0, allow_inf_nan=False)]
 
 
 class EnvNumbers(PydanticBaseSettingsSource):
