@@ -35,13 +35,22 @@ from pydantic_settings import (
 
 from .errors import SettingsError
 from .hosts import is_unspecified
-from .strict import NoBool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from .integers import decimal_text
+from .strict import (
+    COLLECTIVE_MAX_S,
+    EnvNumbers,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    integer_rule,
+)
 from .text import clip, short_repr
 from .yamlfile import as_path, read_yaml_mapping, shown
 
 ENV_PREFIX = "FLEXKV_ADAPTER_"
 CONFIG_ENV = "FLEXKV_ADAPTER_CONFIG"
-Port = Annotated[int, NoBool, Field(ge=1, le=65535)]
+Port = Annotated[int, integer_rule(1), Field(le=65535)]
 # Durations, bounded by what consumes them (checked at load, before anything connects):
 WAIT_MAX_S = 1e9  # Event.wait/sleep/socket timeouts (CPython's limit is about 9.2e9 s)
 ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit milliseconds (about 24.8 days)
@@ -110,7 +119,7 @@ class AdapterSettings(BaseSettings):
     hybrid: Literal["error", "attention_only"] = "error"
     tp_size: PositiveInt = 1
     total_kv_heads: PositiveInt | None = None
-    align_timeout_s: Seconds = 60.0
+    align_timeout_s: Annotated[PositiveFloat, Field(le=COLLECTIVE_MAX_S)] = 60.0  # align_across_ranks' bound
     register_attempts: PositiveInt = 360
     register_interval_s: SecondsOrZero = 1.0
 
@@ -213,14 +222,11 @@ class AdapterSettings(BaseSettings):
     @classmethod
     def _split_ports(cls, value: Any) -> Any:
         if isinstance(value, str):
-            parts = [p.strip() for p in value.split(",")]
-            try:
-                return tuple(int(p) for p in parts)
-            except ValueError:
-                raise ValueError("expected three comma-separated port numbers like 5556,5557,5558") from None
-        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
-            raise ValueError("a boolean is not a port number")
-        return value
+            parts = [decimal_text(p) for p in value.split(",")]
+            if not all(isinstance(p, int) for p in parts):
+                raise ValueError("expected three comma-separated port numbers like 5556,5557,5558")
+            return tuple(parts)
+        return value  # each item goes through the integer rule (Port)
 
     @field_validator("master_ports")
     @classmethod
@@ -245,7 +251,7 @@ class AdapterSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_data = _file_data.get()
-        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, EnvNumbers(settings_cls, env_settings))
         if file_data:
             sources += (InitSettingsSource(settings_cls, init_kwargs=file_data),)
         return sources
