@@ -96,7 +96,7 @@ def read_integer_list(value: object, what: str, error: type[AdapterError] = Adap
         value = list(value)  # type: ignore[call-overload]
     if not isinstance(value, (list, tuple, range)):
         raise error(f"{what}={short_repr(value)}: expected a list of ids (integers)")
-    return [bounded_integer(i, f"{what}[{n}]", 0, 1 << 63, error) for n, i in enumerate(value)]
+    return [bounded_integer(i, f"{what}[{n}]", 0, LIMIT, error) for n, i in enumerate(value)]
 
 
 def read_flag(value: object, what: str, error: type[AdapterError] = AdapterError) -> bool:
