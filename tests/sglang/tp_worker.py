@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
+import torch.multiprocessing  # noqa: F401 (registers the reducers that pass shared-memory tensors by handle)
 
 IDS = list(range(1000, 1048))
 
@@ -24,7 +25,41 @@ def _poll_until_done(rig: Any, limit: int = 4) -> int:
     return limit
 
 
-def scenario(rank: int, config_dir: str, real: str = "") -> dict[str, Any]:
+def _hand_over_registration(rank: int, registrations: Any, broken: bool) -> None:
+    """What KVTPClient does over its IPC socket: every rank's registered tensors reach the leader's data plane.
+
+    ``broken`` shifts a layer in rank 1's registration only (layer 0's slot points at layer 1): the negative control.
+    """
+    from . import flexkv_serving as serving
+    from . import flexkv_standin as fk
+
+    if rank != 0:
+        tensors = list(fk.calls("register_to_server")[-1]["kv_caches"])
+        if broken:
+            tensors[0] = tensors[1]
+        registrations.put((rank, tensors))
+        return
+    peer, tensors = registrations.get(timeout=60)
+    serving.PEER_REGISTRATIONS[peer] = tensors
+
+
+def _buffers(pool: Any) -> list[Any]:
+    return list(pool.kv_buffer) if hasattr(pool, "kv_buffer") else [*pool.k_buffer, *pool.v_buffer]
+
+
+def _untouched_outside(before: list[Any], pool: Any, slots: Any) -> bool:
+    """Every row of every buffer but ``slots`` still holds the bytes of ``before``: a restore writes nowhere else."""
+    import torch
+
+    for old, new in zip(before, _buffers(pool), strict=True):
+        keep = torch.ones(new.shape[0], dtype=torch.bool)
+        keep[slots.long()] = False
+        if not torch.equal(old[keep].view(torch.uint8), new[keep].view(torch.uint8)):
+            return False
+    return True
+
+
+def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", broken: bool = False) -> dict[str, Any]:
     import pytest
     from sglang.srt import plugins
     from sglang.srt.configs.model_config import ModelConfig
@@ -47,8 +82,11 @@ def scenario(rank: int, config_dir: str, real: str = "") -> dict[str, Any]:
     if real:
         replace_gpu_parts(monkeypatch)
     group = dist.new_group([0, 1], backend="gloo")
-    rig = Rig(monkeypatch, ModelConfig(model_path=config_dir), "mha", tp_size=2, tp_rank=rank, group=group,
-              pool=make_pool("mha", heads=2))  # fmt: skip
+    pool = make_pool("mha", heads=2)  # this rank's head shard
+    for t in [*pool.k_buffer, *pool.v_buffer]:
+        t.share_memory_()  # before registration: the leader's data plane reads and writes it (as CUDA IPC)
+    rig = Rig(monkeypatch, ModelConfig(model_path=config_dir), "mha", tp_size=2, tp_rank=rank, group=group, pool=pool)
+    _hand_over_registration(rank, registrations, broken)
     connector = rig.cache.flexkv_connector.connector
     out: dict[str, Any] = {"leader": connector._sync_ctx.is_sync_leader, "file": inspect.getfile(type(connector))}
 
@@ -63,10 +101,15 @@ def scenario(rank: int, config_dir: str, real: str = "") -> dict[str, Any]:
     out["ticks"] = _poll_until_done(rig)
     out["evicted"] = rig.evict_all()
     zero(rig.pool, first.slots)
-    rig.alloc.alloc(len(IDS))
+    taken: set[int] = set()
+    while not set(first.slots.tolist()) <= taken:  # take the old slots again: the restore must go elsewhere
+        taken |= set(rig.alloc.alloc(16).tolist())
+    before = [t.clone() for t in _buffers(rig.pool)]
     loaded, slots = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
     out["loaded"] = loaded
-    out["exact"] = slots is not None and read(rig.pool, slots) == expected
+    out["elsewhere"] = slots is not None and not set(slots.tolist()) & set(first.slots.tolist())
+    out["exact"] = slots is not None and read(rig.pool, slots) == expected  # through SGLang's getters, every layer
+    out["untouched"] = slots is not None and _untouched_outside(before, rig.pool, slots)
 
     # Keys that differ across ranks (a key of something rank-local) are refused by FlexKV: ours never differ.
     try:
@@ -81,14 +124,15 @@ def scenario(rank: int, config_dir: str, real: str = "") -> dict[str, Any]:
     return out
 
 
-def run(rank: int, rendezvous: str, tree: str, config_dir: str, queue: Any, real: str = "") -> None:
+def run(rank: int, rendezvous: str, tree: str, config_dir: str, queue: Any, registrations: Any, real: str = "",
+        broken: bool = False) -> None:  # fmt: skip
     if not real:
         sys.path.insert(0, tree)
     dist.init_process_group(
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
     try:
-        queue.put((rank, "ok", scenario(rank, config_dir, real)))
+        queue.put((rank, "ok", scenario(rank, config_dir, registrations, real, broken)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
     finally:
