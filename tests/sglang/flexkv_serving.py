@@ -14,8 +14,8 @@ Behind it, :class:`DataKVManager` keeps whole pages keyed by their token prefix 
 of the tensors every TP rank registered with ``KVTPClient`` (this process's, plus the ones other
 ranks handed over in :data:`PEER_REGISTRATIONS`, as FlexKV's server gets every rank's IPC handles).
 A store's host copy runs at its second completion poll (it reads the GPU slots then, so slots freed
-early would be caught). Layerwise loads, prefetch (no SSD/remote tier) and SWA slot mappings are
-left out.
+early would be caught). Layerwise loads and SWA slot mappings are left out; prefetch (a tier below
+the CPU) is in ``flexkv_prefetch``.
 """
 
 from __future__ import annotations
@@ -325,9 +325,10 @@ class Pre263Channels(str, Enum):
     STORE_COMPLETION = "store_completion"
 
 
-# tree name -> (FlexKV's own connector, its scatter channels)
+# tree name -> (FlexKV's own connector [module.]class, its scatter channels)
 TREES = {
     "serving": ("ServingFlexKVConnector", "FlexKVScatterChannel"),
+    "prefetch": ("flexkv_prefetch.PrefetchFlexKVConnector", "FlexKVScatterChannel"),
     "drifted": ("Drifted", "FlexKVScatterChannel"),
     "pre263": ("ServingFlexKVConnector", "Pre263Channels"),
 }
@@ -336,8 +337,11 @@ TREES = {
 def build_serving_tree(root: Path, shape: str = "serving") -> Path:
     """The ``current`` stand-in tree, with FlexKV's own connector and comm module taken from this module."""
     connector, channels = TREES[shape]
+    module, _, connector = connector.rpartition(".")
     fk.build_tree(root, "current")
     sglang = root / "flexkv/integration/sglang"
-    (sglang / "connector.py").write_text(f"from tests.sglang.flexkv_serving import {connector} as FlexKVConnector\n")
+    (sglang / "connector.py").write_text(
+        f"from tests.sglang.{module or 'flexkv_serving'} import {connector} as FlexKVConnector\n"
+    )
     (sglang / "comm.py").write_text(f"from tests.sglang.flexkv_serving import {channels} as FlexKVScatterChannel\n")
     return root

@@ -43,22 +43,6 @@ def _hand_over_registration(rank: int, registrations: Any, broken: bool) -> None
     serving.PEER_REGISTRATIONS[peer] = tensors
 
 
-def _buffers(pool: Any) -> list[Any]:
-    return list(pool.kv_buffer) if hasattr(pool, "kv_buffer") else [*pool.k_buffer, *pool.v_buffer]
-
-
-def _untouched_outside(before: list[Any], pool: Any, slots: Any) -> bool:
-    """Every row of every buffer but ``slots`` still holds the bytes of ``before``: a restore writes nowhere else."""
-    import torch
-
-    for old, new in zip(before, _buffers(pool), strict=True):
-        keep = torch.ones(new.shape[0], dtype=torch.bool)
-        keep[slots.long()] = False
-        if not torch.equal(old[keep].view(torch.uint8), new[keep].view(torch.uint8)):
-            return False
-    return True
-
-
 def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", broken: bool = False) -> dict[str, Any]:
     import pytest
     from sglang.srt import plugins
@@ -67,7 +51,7 @@ def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", bro
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.runtime_context import get_parallel
 
-    from .radix_harness import Rig, make_pool, read, zero
+    from .radix_harness import Rig, buffers, make_pool, read, retake, untouched_outside, zero
 
     get_parallel().override_permanently(world_group=SimpleNamespace(cpu_group=None), attn_dcp_size=1)
     os.environ["SGLANG_PLUGINS"] = "flexkv_adapter"
@@ -101,15 +85,13 @@ def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", bro
     out["ticks"] = _poll_until_done(rig)
     out["evicted"] = rig.evict_all()
     zero(rig.pool, first.slots)
-    taken: set[int] = set()
-    while not set(first.slots.tolist()) <= taken:  # take the old slots again: the restore must go elsewhere
-        taken |= set(rig.alloc.alloc(16).tolist())
-    before = [t.clone() for t in _buffers(rig.pool)]
+    retake(rig.alloc, first.slots)  # the restore must go elsewhere
+    before = [t.clone() for t in buffers(rig.pool)]
     loaded, slots = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
     out["loaded"] = loaded
     out["elsewhere"] = slots is not None and not set(slots.tolist()) & set(first.slots.tolist())
     out["exact"] = slots is not None and read(rig.pool, slots) == expected  # through SGLang's getters, every layer
-    out["untouched"] = slots is not None and _untouched_outside(before, rig.pool, slots)
+    out["untouched"] = slots is not None and untouched_outside(before, rig.pool, slots)
 
     # Keys that differ across ranks (a key of something rank-local) are refused by FlexKV: ours never differ.
     try:
