@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import AdapterError
 from ..settings import load_settings
 from .sglang_checks import installed_flexkv_api, skew_error
-from .sglang_refusals import bridge_topology_refusal, own_connector_refusal
+from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,8 @@ class BridgeConnector:
         try:
             # Also here, not only in the hook on FlexKV's __init__: SGLang logs a hook it fails to apply and serves on.
             args = kwargs.get("server_args")
-            if refusal := own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args):
+            refusal = own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args)
+            if refusal := refusal or hicache_storage_refusal(args):
                 raise refusal
             if missing := missing_namespace_hooks():
                 raise AdapterError(

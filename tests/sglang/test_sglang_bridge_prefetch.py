@@ -186,3 +186,19 @@ def test_sglang_0_5_23_never_reaches_prefetch_async_on_flexkv(sglang_env, source
         inspect.signature(FlexKVRadixCache.prefetch_from_storage).bind(
             None, *prefetch.args, **{k.arg: None for k in prefetch.keywords if k.arg}
         )
+
+
+def test_a_hicache_storage_backend_is_refused_at_start_not_at_the_first_request(sglang_env, models, monkeypatch):
+    """With it set, 0.5.23's scheduler calls FlexKVRadixCache.is_backuped at every admission (above): refuse early."""
+    from flexkv_adapter import AdapterError
+
+    from .connectors import build, mha_pool
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    monkeypatch.setattr(fk.ServerArgs, "hicache_storage_backend", "file", raising=False)
+    with pytest.raises(AdapterError, match="hicache_storage_backend='file'.*is_backuped"):
+        build(mha_pool(), models["llama"])  # what FlexKVRadixCache builds: the bridge
+    assert not fk.calls("register_to_server")
+    monkeypatch.setattr(fk.ServerArgs, "hicache_storage_backend", None)
+    build(mha_pool(), models["llama"])  # the default (no storage backend) is served
