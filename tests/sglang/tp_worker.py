@@ -10,8 +10,9 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import torch
 import torch.distributed as dist
-import torch.multiprocessing  # noqa: F401 (registers the reducers that pass shared-memory tensors by handle)
+import torch.multiprocessing  # registers the reducers that pass shared-memory tensors by handle)
 
 IDS = list(range(1000, 1048))
 
@@ -108,6 +109,7 @@ def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", bro
 
 def run(rank: int, rendezvous: str, tree: str, config_dir: str, queue: Any, registrations: Any, real: str = "",
         broken: bool = False) -> None:  # fmt: skip
+    torch.set_num_threads(1)  # forked from a process whose OpenMP pool may be running: a parallel op would hang
     if not real:
         sys.path.insert(0, tree)
     dist.init_process_group(
