@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import flexkv_standin as fk
-from .test_sglang_pools import KW, _fill, mp
+from .pools import KW, mha_pool, mla_pool, mp
 
 RADIX = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
 PAGE = 16
@@ -32,17 +32,7 @@ def stub_cuda(monkeypatch: Any) -> None:
 
 
 def make_pool(kind: str, size: int = 256, heads: int = 4) -> Any:
-    if kind == "mha":
-        pool = mp().MHATokenToKVPool(
-            size=size, page_size=PAGE, dtype=torch.bfloat16, head_num=heads, head_dim=8, layer_num=3, **KW
-        )
-        _fill(pool.k_buffer), _fill(pool.v_buffer, 100)
-    else:
-        pool = mp().MLATokenToKVPool(
-            size=size, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=24, qk_rope_head_dim=8, layer_num=2, **KW
-        )
-        _fill(pool.kv_buffer)
-    return pool
+    return mha_pool(size=size, head_num=heads) if kind == "mha" else mla_pool(size=size)
 
 
 def read(pool: Any, slots: torch.Tensor) -> list[bytes]:

@@ -192,7 +192,8 @@ def test_a_hicache_storage_backend_is_refused_at_start_not_at_the_first_request(
     """With it set, 0.5.23's scheduler calls FlexKVRadixCache.is_backuped at every admission (above): refuse early."""
     from flexkv_adapter import AdapterError
 
-    from .connectors import build, mha_pool
+    from .connectors import build
+    from .pools import mha_pool
 
     sglang_env.use("serving")
     sglang_env.load()
