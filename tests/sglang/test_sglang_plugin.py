@@ -26,7 +26,8 @@ from . import flexkv_standin as fk
 from .connectors import OWN_MODULE, Renamed, assert_registered_as_pool, build
 from .pools import DSA_ARGS, mamba_hybrid, mha_pool, mla_pool, mp, swa
 
-NAMESPACE_HOOKS = {f"{RADIX_CLASS}.match_prefix", f"{RADIX_CLASS}.checkpoint"}
+# the namespace hooks, and the abort hook (sglang_aborts)
+NAMESPACE_HOOKS = {f"{RADIX_CLASS}.{m}" for m in ("match_prefix", "checkpoint", "release_aborted_request")}
 
 # --- opt-in, discovery, no-op -----------------------------------------------------------------------
 
