@@ -62,10 +62,11 @@ def test_the_bridge_refuses_dsa_even_where_the_hook_on_flexkvs_connector_did_not
     assert not fk.calls("register_to_server")
 
 
-@pytest.mark.parametrize("method", ["match_prefix", "checkpoint"])
+@pytest.mark.parametrize("method", ["match_prefix", "checkpoint", "release_aborted_request"])
 def test_the_bridge_refuses_to_serve_where_a_namespace_hook_did_not_apply(sglang_env, models, monkeypatch, method):
     """Without the AROUND hooks (SGLang logged them as failed), LoRA / cache_salt requests would look up
-    and store by token ids alone: another tenant's KV. The bridge refuses instead of serving."""
+    and store by token ids alone: another tenant's KV (or, without the abort hook, an aborted request's
+    slots could be reused while FlexKV stores them). The bridge refuses instead of serving."""
     import importlib
     import inspect
 
