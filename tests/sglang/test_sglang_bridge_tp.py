@@ -47,6 +47,9 @@ def check(results, exact=(True, True)):
         assert value["keys"] == ["r1@attempt0", "r1@attempt1"]  # the same keys on both ranks
         # each rank's own head shard (written with its own seed) comes back, every byte, and nothing else moves
         assert (value["exact"], value["untouched"]) == (exact[rank], True), rank
+        # an abort right after the store (SGLang's PD transfer failure): every rank keeps the slots until done
+        assert (value["abort evicted in flight"], value["abort ticks"], value["abort evicted"]) == (0, 1, 48)
+        assert value["abort restored"] == (48, exact[rank]), rank
     assert results[0][1]["mismatch"] == "none"
     assert "store-start rid mismatch: local='x@attempt1', leader='x@attempt0'" in results[1][1]["mismatch"]
 

@@ -44,6 +44,38 @@ def _hand_over_registration(rank: int, registrations: Any, broken: bool) -> None
     serving.PEER_REGISTRATIONS[peer] = tensors
 
 
+def _forward(rig: Any, group: Any, rid: str, ids: list[int], seed: int, attempt: int = 0) -> Any:
+    """A request whose KV a forward pass wrote: the model's collectives end it on every rank together.
+
+    Without this barrier the leader, whose scatters do not wait, could copy a rank's slots before that
+    rank wrote them, which no real forward pass allows."""
+    req = rig.request(rid, ids, prompt=40, seed=seed, attempt=attempt)
+    dist.barrier(group=group)
+    return req
+
+
+def _abort_after_store(rig: Any, group: Any, rank: int) -> dict[str, Any]:
+    """SGLang's PD transfer failure on every rank: checkpoint (FlexKV's store starts), then finish(ABORT)."""
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+    from .radix_harness import read, retake, zero
+
+    ids = list(range(3000, 3048))
+    req = _forward(rig, group, "r3", ids, seed=30 + rank)
+    expected = read(rig.pool, req.slots)
+    rig.finish(req)
+    rig.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
+    out = {"abort evicted in flight": rig.evict_all(), "abort ticks": _poll_until_done(rig)}
+    out["abort evicted"] = rig.evict_all()
+    zero(rig.pool, req.slots)
+    taken = retake(rig.alloc, req.slots)
+    loaded, slots = rig.match_and_load(rig.request("r4", ids, prompt=40, allocate=False))
+    out["abort restored"] = (loaded, slots is not None and read(rig.pool, slots) == expected)
+    rig.alloc.free(torch.tensor(sorted(taken)))
+    return out
+
+
 def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", broken: bool = False) -> dict[str, Any]:
     import pytest
     from sglang.srt import plugins
@@ -75,10 +107,10 @@ def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", bro
     connector = rig.cache.flexkv_connector.connector
     out: dict[str, Any] = {"leader": connector._sync_ctx.is_sync_leader, "file": inspect.getfile(type(connector))}
 
-    first = rig.request("r1", IDS, prompt=40, seed=10 + rank)
+    first = _forward(rig, group, "r1", IDS, seed=10 + rank)
     expected = read(rig.pool, first.slots)
     rig.finish(first)
-    retry = rig.request("r1", IDS[:32] + list(range(2000, 2016)), prompt=40, attempt=1, seed=20 + rank)
+    retry = _forward(rig, group, "r1", IDS[:32] + list(range(2000, 2016)), seed=20 + rank, attempt=1)
     rig.finish(retry)
     out["stored"] = sorted(h.attempt_id for h in rig.cache._inflight_store_nodes)  # store_kv returned >= 0
     out["keys"] = sorted(rig.cache.flexkv_connector.connector._inflight_stores)  # FlexKV's own bookkeeping
@@ -86,13 +118,16 @@ def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", bro
     out["ticks"] = _poll_until_done(rig)
     out["evicted"] = rig.evict_all()
     zero(rig.pool, first.slots)
-    retake(rig.alloc, first.slots)  # the restore must go elsewhere
+    taken = retake(rig.alloc, first.slots)  # the restore must go elsewhere
     before = [t.clone() for t in buffers(rig.pool)]
     loaded, slots = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
     out["loaded"] = loaded
     out["elsewhere"] = slots is not None and not set(slots.tolist()) & set(first.slots.tolist())
     out["exact"] = slots is not None and read(rig.pool, slots) == expected  # through SGLang's getters, every layer
     out["untouched"] = slots is not None and untouched_outside(before, rig.pool, slots)
+    rig.alloc.free(torch.tensor(sorted(taken)))
+    rig.evict_all()
+    out.update(_abort_after_store(rig, group, rank))
 
     # Keys that differ across ranks (a key of something rank-local) are refused by FlexKV: ours never differ.
     try:
