@@ -2,11 +2,11 @@
 
 SGLang 0.5.23's PD prefill ``handle_inflight_transfer_failure`` (disaggregation/prefill.py:1305-1306)
 checkpoints a finished request, which starts FlexKV's store of its slots and locks the radix node until
-the store completes (storage/flexkv/flexkv_radix_cache.py:425-443), then aborts it.
+the store completes (storage/flexkv/flexkv_radix_cache.py:422-441), then aborts it.
 ``FlexKVRadixCache.release_aborted_request`` (:481-489) drops that lock at once: the slots can be evicted
 and given to another request while FlexKV's host copy still reads them, and FlexKV then serves the
 other request's KV under this prefix. The hook leaves the in-flight store tracked, so the regular
-completion poll (``_drain_completed_stores``, :467-476; FlexKV reports every store it started) unlocks
+completion poll (``_drain_completed_stores``, :467-475; FlexKV reports every store it started) unlocks
 the node, as for a request that was not aborted.
 """
 
