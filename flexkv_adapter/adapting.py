@@ -6,35 +6,21 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-import torch
 from typing_extensions import Unpack
 
 from . import hybrid
-from .axes import Axis
+from .build import build_view
 from .bytebuf import apply_declared_shape
-from .carve import (
-    Planes,
-    aliased_bytes,
-    check_consistent,
-    check_flexkv_alignment,
-    flat_views,
-    logical_views,
-    overlapping_layers,
-    reinterpret,
-    rows_heads_dim,
-    signature,
-    trim_rows,
-)
+from .carve import Planes, logical_views, rows_heads_dim, signature
 from .containers import Located
 from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
-from .labels import layer_ids_of, mapped_layer_ids, named_sub_pool_ids
+from .labels import mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
 from .probe import probe, probe_path
-from .recognize import candidates, declared_axes, locate, mismatch, reading_text, vllm_twin_of
-from .report import Report
+from .recognize import candidates, declared_axes, locate, mismatch, vllm_twin_of
 from .sources import Source, locate_source
-from .views import MHAView, MLAView, PoolView
+from .views import PoolView
 from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
@@ -136,7 +122,7 @@ def hybrid_markers(pool: object) -> list[str]:
 def _adapt_plain(pool: object, page_size: int | None, options: Any, label: str | None) -> PoolView:
     geometry = resolve_geometry(pool, page_size, options)
     located, interp, planes = recognise(pool, geometry, options)
-    view = _build(pool, located, interp, planes, geometry)
+    view = build_view(pool, located, interp, planes, geometry)
     return view.rebuild(report=replace(view.report, recognizer=label)) if label else view
 
 
@@ -207,92 +193,3 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
         + "\nFix: pass axes='...' (and attrs=[...]) for the right one, or the geometry that rules the "
         "others out (layer_num=, head_num=, head_dim=, page_size=, kind=)."
     )
-
-
-def _page_size(pool: object, geometry: Geometry, interp: Interpretation, planes: Planes) -> int:
-    if geometry.page_size is not None:
-        return geometry.page_size
-    if Axis.TOKEN in interp.axes:
-        return int(next(iter(planes.values()))[0].shape[1])
-    raise AdapterError(
-        f"{type(pool).__name__}: page size unknown (no page_size argument, no pool.page_size, no page "
-        f"axis in the layout); pass adapt(pool, page_size=<tokens per FlexKV block>)"
-    )
-
-
-def _build(pool: object, located: Located, interp: Interpretation, logical: Planes, geometry: Geometry) -> PoolView:
-    attrs = located.attrs
-    page_size = _page_size(pool, geometry, interp, logical)
-    planes = flat_views(logical, interp, pool, attrs)
-    check_consistent(planes, pool, attrs)  # as stored: dtype= must not make fp16 and bf16 layers look alike
-    if geometry.dtype is not None:
-        try:
-            planes = reinterpret(planes, geometry.dtype)
-        except RuntimeError as exc:
-            raise AdapterError(f"{type(pool).__name__}: cannot view the KV bytes as {geometry.dtype}: {exc}") from None
-    first = next(iter(planes.values()))[0]
-    rows = first.shape[0]
-    if rows < page_size:
-        raise AdapterError(
-            f"{type(pool).__name__}.{'/'.join(attrs)}: {rows} rows per layer ({describe(first)}) is fewer "
-            f"than page_size={page_size}; FlexKV needs at least one whole block"
-        )
-    aligned = rows - rows % page_size
-    if aligned != rows:
-        planes = trim_rows(planes, aligned)
-        logger.info(
-            "%s: trimmed rows %d -> %d (dropped %d) to a multiple of page_size %d",
-            type(pool).__name__,
-            rows,
-            aligned,
-            rows - aligned,
-            page_size,
-        )
-    check_flexkv_alignment(planes, page_size, pool, attrs)
-    sources = [t for c in located.containers for t in c.tensors]
-    aliased, copied = aliased_bytes(planes, sources)
-    if copied:
-        raise AdapterError(f"internal error: {copied} bytes of the views do not alias the pool; please report")
-    count = len(first_list := next(iter(planes.values())))
-    layer_ids = layer_ids_of(pool, located, count, geometry)
-    warnings = overlapping_layers(planes)
-    logical_dtype = None if isinstance(pool, torch.Tensor) else probe(pool, "dtype")
-    stored = first_list[0]
-    if isinstance(logical_dtype, torch.dtype) and logical_dtype.itemsize != stored.element_size():
-        warnings.append(
-            f"pool.dtype {logical_dtype} has itemsize {logical_dtype.itemsize} but the buffers hold {stored.dtype}; "
-            f"FlexKV sizes GPU blocks with its model dtype, which must have itemsize {stored.element_size()}"
-        )
-    for w in warnings:
-        logger.warning("%s: %s", type(pool).__name__, w)
-    report = Report(
-        source_kind=type(pool).__name__,
-        recognizer=located.family,
-        attributes=attrs,
-        reading=reading_text(located, interp),
-        kind=interp.kind,
-        layer_ids=tuple(layer_ids),
-        excluded_layers=(),
-        page_size=page_size,
-        rows=rows,
-        aligned_rows=aligned,
-        num_blocks=aligned // page_size,
-        dtype=str(first_list[0].dtype).removeprefix("torch."),
-        device=str(first_list[0].device),
-        bytes_aliased=aliased,
-        bytes_copied=copied,
-        warnings=tuple(warnings),
-    )
-    logger.debug("adapted %s", report)
-    common = dict(
-        source=pool,
-        layer_ids=layer_ids,
-        page_size=page_size,
-        num_blocks=aligned // page_size,
-        dtype=first_list[0].dtype,
-        device=first_list[0].device,
-        report=report,
-    )
-    if interp.kind == "mla":
-        return MLAView(planes["kv"], **common)  # type: ignore[arg-type]
-    return MHAView(planes["k"], planes["v"], **common)  # type: ignore[arg-type]

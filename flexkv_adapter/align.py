@@ -10,7 +10,6 @@ arrive within ``timeout`` makes every other rank raise :class:`AlignmentError` i
 from __future__ import annotations
 
 import logging
-import numbers
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import torch.distributed as dist
 
 from .errors import AlignmentError
+from .integers import LIMIT, bounded_integer
+from .strict import COLLECTIVE_MAX_S, read_seconds
 from .text import clip, short_repr
 from .views import MHAView, PoolView
 
@@ -40,20 +41,13 @@ def fingerprint(view: PoolView) -> dict[str, Any]:
     }
 
 
-MAX_TIMEOUT_S = 7 * 86400.0
+MAX_TIMEOUT_S = COLLECTIVE_MAX_S
 
 
 def _check_timeout(timeout: object, what: str) -> float:
-    """Before any rank waits: a bad timeout is this rank's programming error (the others time out)."""
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout <= MAX_TIMEOUT_S  # also refuses nan
-    ):
-        raise AlignmentError(
-            f"{what}: timeout={short_repr(timeout)} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]"
-        )
-    return float(timeout)
+    """Before any rank waits: a bad timeout is this rank's programming error (the others time out). The rule
+    is the ``align_timeout_s`` setting's (:func:`~flexkv_adapter.strict.read_seconds`)."""
+    return read_seconds(timeout, f"{what}: timeout", MAX_TIMEOUT_S, error=AlignmentError)
 
 
 def _exchange(op: str, problem: str | None, data: Any, group: Any, timeout: float) -> list[Any]:
@@ -139,14 +133,17 @@ def _read_counts(config: Any, names: tuple[str, ...]) -> tuple[dict[str, int | N
             value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
         except Exception as exc:  # a config property that raises is this rank's problem to report
             return {}, f"reading {name} raised {type(exc).__name__}: {clip(str(exc), 100)}"
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
-            return {}, f"{name}={short_repr(value)} is not a block count (a whole number >= 0)"
+        if value is not None:
+            try:  # the one integer rule, as adapt()'s options, plan() and the settings read theirs
+                value = bounded_integer(value, name, 0, LIMIT, AlignmentError)
+            except AlignmentError as exc:
+                return {}, f"{name}={short_repr(value)} is not a block count ({exc})"
         if value is not None and not isinstance(config, Mapping):
             try:
                 setattr(config, name, value)  # the same value: proves the agreed one can be written
             except Exception as exc:
                 return {}, f"cannot set {name} on {type(config).__name__} ({type(exc).__name__}: {clip(str(exc), 100)})"
-        counts[name] = None if value is None else int(value)
+        counts[name] = value
     return counts, None
 
 
@@ -155,9 +152,9 @@ def align_block_counts(
 ) -> dict[str, tuple[int | None, int | None]]:
     """MIN-align FlexKV's CPU/SSD/remote block counts on a config object or mapping, in place.
 
-    Missing or ``None`` counts stay ``None`` only if they are ``None`` on every rank. A count that
-    is not a whole number >= 0 (``-1``, ``7.9``, ``True``) on any rank fails every rank before
-    anything is written. Returns ``{name: (before, after)}``. Collective; see the module docstring.
+    Missing or ``None`` counts stay ``None`` only if they are ``None`` on every rank. A count that the
+    integer rule refuses (``-1``, ``7.9``, ``True``, ``"8"``; see :mod:`.integers`) on any rank fails every
+    rank before anything is written. Returns ``{name: (before, after)}``. Collective; see the module docstring.
     """
     timeout = _check_timeout(timeout, "align_block_counts")
     mine, problem = _read_counts(config, names)

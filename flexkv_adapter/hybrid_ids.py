@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .errors import AdapterError, InconsistentLayersError
-from .integers import bounded_integer, read_flag, read_integer_list
+from .integers import LIMIT, bounded_integer, read_flag, read_integer_list
 from .probe import probe
 from .text import short_repr
-
-_LIMIT = 1 << 63
 
 
 def bad_metadata(owner: object, attr: str, value: object, expected: str) -> InconsistentLayersError:
@@ -26,7 +24,7 @@ def bad_metadata(owner: object, attr: str, value: object, expected: str) -> Inco
 
 
 def _id(value: object, where: str) -> int:
-    return bounded_integer(value, where, 0, _LIMIT, InconsistentLayersError)
+    return bounded_integer(value, where, 0, LIMIT, InconsistentLayersError)
 
 
 def _distinct(owner: object, attr: str, mapping: object, ids: list[int]) -> None:

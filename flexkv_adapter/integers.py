@@ -11,14 +11,19 @@ exception and never a silently ignored number.
 from __future__ import annotations
 
 import numbers
+import re
 
 import torch
 
 from .errors import AdapterError
 from .text import short_repr
 
+LIMIT = 1 << 40  # no real page size, dimension, layer id, block count or byte offset comes near it
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,20}")  # ASCII digits only: int() also reads other scripts' digits
 
-def _is_bool(value: object) -> bool:
+
+def is_bool(value: object) -> bool:
+    """A bool of any kind: ``bool``, ``numpy.bool_``, bool arrays and tensors."""
     if isinstance(value, bool):
         return True
     try:
@@ -40,7 +45,7 @@ def looks_numeric(value: object) -> bool:
 
 def _index(value: object, what: str, error: type[AdapterError] = AdapterError) -> int | None:
     """The integer, None if ``value`` is not one (bools included); AdapterError if reading it fails."""
-    if _is_bool(value):
+    if is_bool(value):
         return None
     if isinstance(value, torch.Tensor):
         if value.is_meta:
@@ -67,7 +72,7 @@ def read_integer(value: object, what: str, error: type[AdapterError] = AdapterEr
     (pool metadata: :class:`~flexkv_adapter.errors.InconsistentLayersError`)."""
     number = _index(value, what, error)
     if number is None:
-        kind = "an integer, not a bool" if _is_bool(value) else "an integer"
+        kind = "an integer, not a bool" if is_bool(value) else "an integer"
         raise error(f"{what} must be {kind}, got {short_repr(value)}")
     return number
 
@@ -79,7 +84,8 @@ def bounded_integer(
     number = _index(value, what, error)
     if number is None or not minimum <= number < maximum:
         wanted = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
-        raise error(f"{what} must be {wanted}, got {short_repr(value)}")
+        bound = f" below {maximum}" if number is not None and number >= maximum else ""
+        raise error(f"{what} must be {wanted}{bound}, got {short_repr(value)}")
     return number
 
 
@@ -90,12 +96,12 @@ def read_integer_list(value: object, what: str, error: type[AdapterError] = Adap
         value = list(value)  # type: ignore[call-overload]
     if not isinstance(value, (list, tuple, range)):
         raise error(f"{what}={short_repr(value)}: expected a list of ids (integers)")
-    return [bounded_integer(i, f"{what}[{n}]", 0, 1 << 63, error) for n, i in enumerate(value)]
+    return [bounded_integer(i, f"{what}[{n}]", 0, LIMIT, error) for n, i in enumerate(value)]
 
 
 def read_flag(value: object, what: str, error: type[AdapterError] = AdapterError) -> bool:
     """A bool (``bool``, ``numpy.bool_``, 0-d bool array or tensor); 0 and 1 are integers, not flags."""
-    if not _is_bool(value) or getattr(value, "ndim", 0) != 0:
+    if not is_bool(value) or getattr(value, "ndim", 0) != 0:
         raise error(f"{what} must be a bool, got {short_repr(value)}")
     return bool(value)  # type: ignore[arg-type]
 
@@ -105,3 +111,11 @@ def _one_d_array(value: object) -> bool:
         return (isinstance(value, torch.Tensor) or type(value).__module__ == "numpy") and value.ndim == 1  # type: ignore[attr-defined]
     except Exception:  # a hostile ndim: not an array we can read; refused as not a list
         return False
+
+
+def decimal_text(text: str) -> int | str:
+    """Text that spells an integer (an environment variable: ``"16"``, ``" -3 "``) as that integer; any other
+    text unchanged, for the typed rule to refuse (``"16.0"``, ``"1_6"``, ``"0x10"``, ``"true"``, other scripts'
+    digits). Text is the only way in whose values are all strings; everywhere else a string is refused."""
+    stripped = text.strip()
+    return int(stripped) if _DECIMAL.fullmatch(stripped) else text

@@ -10,7 +10,7 @@ import torch
 
 from .axes import AxesLike, Axis, parse_axes
 from .errors import AdapterError, InconsistentLayersError, NotAddressableError
-from .integers import bounded_integer
+from .integers import LIMIT, bounded_integer
 from .layout import Geometry, ViewKind
 from .probe import attr_owners, probe, probe_int
 from .text import short_repr
@@ -51,12 +51,11 @@ class AdaptOptions(TypedDict, total=False):
 KNOWN_OPTIONS = frozenset(AdaptOptions.__annotations__)
 _POOL_INTS = ("layer_num", "head_num", "head_dim", "v_head_dim", "page_size", "start_layer")
 _POOL_MINIMUM = {"page_size": 1, "start_layer": 0}  # pool metadata that is used, not only matched
-_MAX_EXTENT = 1 << 40  # no real dimension, layer id or byte offset comes near it
 
 
 def _int(name: str, value: object, minimum: int) -> int:
     """An integer (numpy and 0-d tensor integers too, via ``__index__``); never a bool or a float."""
-    return bounded_integer(value, name, minimum, _MAX_EXTENT)
+    return bounded_integer(value, name, minimum, LIMIT)
 
 
 def _choice(*allowed: str) -> Callable[[str, object], str]:

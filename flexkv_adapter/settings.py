@@ -35,13 +35,23 @@ from pydantic_settings import (
 
 from .errors import SettingsError
 from .hosts import is_unspecified
-from .strict import NoBool, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from .integers import decimal_text
+from .ipc_endpoint import server_recv_port
+from .strict import (
+    COLLECTIVE_MAX_S,
+    EnvNumbers,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    integer_rule,
+)
 from .text import clip, short_repr
 from .yamlfile import as_path, read_yaml_mapping, shown
 
 ENV_PREFIX = "FLEXKV_ADAPTER_"
 CONFIG_ENV = "FLEXKV_ADAPTER_CONFIG"
-Port = Annotated[int, NoBool, Field(ge=1, le=65535)]
+Port = Annotated[int, integer_rule(1), Field(le=65535)]
 # Durations, bounded by what consumes them (checked at load, before anything connects):
 WAIT_MAX_S = 1e9  # Event.wait/sleep/socket timeouts (CPython's limit is about 9.2e9 s)
 ZMQ_MS_MAX_S = (2**31 - 1) / 1000  # ZMQ heartbeat options are 32-bit milliseconds (about 24.8 days)
@@ -49,8 +59,6 @@ Seconds = Annotated[PositiveFloat, Field(le=WAIT_MAX_S)]
 SecondsOrZero = Annotated[NonNegativeFloat, Field(le=WAIT_MAX_S)]
 ZmqSeconds = Annotated[PositiveFloat, Field(le=ZMQ_MS_MAX_S)]
 FAILED_VISIBLE_MAX_S = 60.0  # the engine polls every 0.5 s; longer only delays a failed remote's restart
-IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
-IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
 # Settings the kernel, ZMQ, getaddrinfo or importlib receive as strings: none may hold NUL.
 _PATH_FIELDS = ("server_recv_port", "ready_file", "lock_dir", "transfer_manager", "master_host", "health_host")
 _file_data: ContextVar[dict[str, Any] | None] = ContextVar("flexkv_adapter_file_data", default=None)
@@ -110,7 +118,7 @@ class AdapterSettings(BaseSettings):
     hybrid: Literal["error", "attention_only"] = "error"
     tp_size: PositiveInt = 1
     total_kv_heads: PositiveInt | None = None
-    align_timeout_s: Seconds = 60.0
+    align_timeout_s: Annotated[PositiveFloat, Field(le=COLLECTIVE_MAX_S)] = 60.0  # align_across_ranks' bound
     register_attempts: PositiveInt = 360
     register_interval_s: SecondsOrZero = 1.0
 
@@ -184,31 +192,8 @@ class AdapterSettings(BaseSettings):
     @field_validator("server_recv_port")
     @classmethod
     def _ipc_path_fits(cls, value: str) -> str:
-        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``: the port must be ipc, its
-        path absolute (or abstract, ``@name``), a socket's, and fit a unix socket address (107 bytes), or ZMQ
-        meets it only once the remote binds it, relative to whichever directory that process runs in."""
-        if not value.startswith("ipc://"):  # tcp://h:p_gpu_register is no endpoint; ZMQ's names are case-sensitive
-            raise ValueError(
-                "is not an ipc:// endpoint: FlexKV connects to '<it>_gpu_register' and '<it>_gpu_register_control', "
-                "socket names only under ipc://; give one like ipc:///tmp/flexkv_server"
-            )
-        path = value[6:]
-        if not path.startswith(("/", "@")):
-            raise ValueError(
-                "is a relative ipc path: start_remote, the engine and FlexKV's server would each bind or connect it "
-                "against their own working directory; give an absolute one, like ipc:///tmp/flexkv_server"
-            )
-        if path == "@" or (path.startswith("/") and path.rsplit("/", 1)[-1] in ("", ".", "..")):
-            raise ValueError(
-                "names no socket: a directory (a trailing '/', '.' or '..') or an empty abstract name; ZMQ "
-                "refuses it only when FlexKV's server binds it. Give a socket path, like ipc:///tmp/flexkv_server"
-            )
-        if (longest := len(f"{path}{IPC_SUFFIX}".encode())) > IPC_PATH_MAX:
-            raise ValueError(
-                f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
-                f"most {IPC_PATH_MAX}: choose a shorter path"
-            )
-        return value
+        """The one check of an ipc endpoint FlexKV derives socket names from (:mod:`.ipc_endpoint`)."""
+        return server_recv_port(value)
 
     @field_validator("transfer_manager")
     @classmethod
@@ -221,14 +206,11 @@ class AdapterSettings(BaseSettings):
     @classmethod
     def _split_ports(cls, value: Any) -> Any:
         if isinstance(value, str):
-            parts = [p.strip() for p in value.split(",")]
-            try:
-                return tuple(int(p) for p in parts)
-            except ValueError:
-                raise ValueError("expected three comma-separated port numbers like 5556,5557,5558") from None
-        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
-            raise ValueError("a boolean is not a port number")
-        return value
+            parts = [decimal_text(p) for p in value.split(",")]
+            if not all(isinstance(p, int) for p in parts):
+                raise ValueError("expected three comma-separated port numbers like 5556,5557,5558")
+            return tuple(parts)
+        return value  # each item goes through the integer rule (Port)
 
     @field_validator("master_ports")
     @classmethod
@@ -253,7 +235,7 @@ class AdapterSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_data = _file_data.get()
-        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, EnvNumbers(settings_cls, env_settings))
         if file_data:
             sources += (InitSettingsSource(settings_cls, init_kwargs=file_data),)
         return sources

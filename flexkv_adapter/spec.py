@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .axes import Axis, format_axes, parse_axes
 from .errors import AdapterError
-from .strict import Int, NonNegativeInt, PositiveInt
+from .strict import NonNegativeInt, PositiveInt
 from .text import clip, short_repr
 from .yamlfile import read_yaml_mapping, shown
 
@@ -54,7 +54,7 @@ class LayoutSpec(BaseModel):
     v_head_dim: PositiveInt | None = None
     kv_dim: PositiveInt | None = None
     start_layer: NonNegativeInt | None = None
-    layer_ids: list[Int] | None = None
+    layer_ids: list[NonNegativeInt] | None = None
 
     @field_validator("attrs")
     @classmethod

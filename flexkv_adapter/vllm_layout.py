@@ -35,7 +35,7 @@ from .errors import (
     UnsupportedPoolError,
     describe,
 )
-from .integers import bounded_integer
+from .integers import LIMIT, bounded_integer
 from .layout import ViewKind
 from .probe import storage_problem
 from .text import short_repr
@@ -225,7 +225,7 @@ def vllm_form(
     g = read_geometry(kv_caches)
     where = f"vLLM KV cache ({g.layouts[0] if len(g.layouts) == 1 else '/'.join(g.layouts)})"
     if block_size is not None:
-        block_size = bounded_integer(block_size, f"{where}: page_size (vLLM's block_size)", 1, 1 << 40)
+        block_size = bounded_integer(block_size, f"{where}: page_size (vLLM's block_size)", 1, LIMIT)
     if g.indexer:
         raise NotAddressableError(
             f"{where}: the dict holds DeepSeek-V3.2 indexer caches ({', '.join(g.indexer[:2])}), which this "

@@ -1,20 +1,25 @@
 """``adapt()`` of a vLLM 0.33 cache dict: MLA rows as an :class:`MLAView` where layers are contiguous.
 
-The geometry and the FlexKV form come from :mod:`~flexkv_adapter.vllm_layout`; this module only
-turns a LAYERFIRST MLA form into per-layer ``kv_buffer`` rows, or refuses.
+The geometry and the FlexKV form come from :mod:`~flexkv_adapter.vllm_layout` (which layouts read
+as per-layer MLA rows, and the manager block); the view itself comes from the common builder
+(:func:`~flexkv_adapter.build.build_view`), so every rule there (alignment, zero-copy proof, labels,
+overlaps) applies to vLLM dicts as to every other source.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
-from .carve import check_flexkv_alignment
-from .errors import NotAddressableError
-from .labels import names_layer_ids
-from .layout import ViewKind
-from .report import Report
+from .axes import parse_axes
+from .build import build_view
+from .carve import logical_views
+from .containers import Located
+from .errors import NotAddressableError, UnsupportedPoolError
+from .layout import Geometry, Interpretation, ViewKind
+from .recognize import locate
 from .views import MLAView
 from .vllm_layout import ONE_HEAD_FIX, read_geometry, resolve_kind, vllm_form
 
@@ -46,35 +51,38 @@ def adapt_vllm(
             f"with flexkv_adapter.plan(kv_caches, kind='mla', page_size=...) (one BLOCKFIRST tensor), or "
             f"{ONE_HEAD_FIX}"
         )
-    buffers = [c.view(c.shape[0] * c.shape[1], 1, c.shape[3]) for c in form.chunks]
-    check_flexkv_alignment({"kv": buffers}, form.tokens_per_block, kv_caches, ("vLLM kv_caches",))  # as plan()
-    layer_ids = names_layer_ids(g.names, layer_ids, where)
-    rows, first = buffers[0].shape[0], buffers[0]
-    report = Report(
+    located = _located(kv_caches)
+    interp = Interpretation("mla", parse_axes("P H T D"), per_layer=True)  # each [B, H=1, N, C] view, as written
+    given = {"kind", "page_size", *(("layer_ids",) if layer_ids is not None else ())}
+    ids = tuple(layer_ids) if layer_ids is not None else None
+    geometry = Geometry(page_size=form.tokens_per_block, kind="mla", layer_ids=ids, given=frozenset(given))
+    view = build_view(kv_caches, located, interp, logical_views(located, interp), geometry)  # the common rules
+    report = replace(
+        view.report,
         source_kind="vLLM 0.33 kv_caches",
         recognizer="vllm-0.33",
         attributes=g.names,
         reading=f"MLA per-layer [B H N C] ({'/'.join(g.layouts)})",
-        kind="mla",
-        layer_ids=tuple(layer_ids),
-        excluded_layers=(),
-        page_size=form.tokens_per_block,
-        rows=rows,
-        aligned_rows=rows,
-        num_blocks=form.num_block,
-        dtype=str(first.dtype).removeprefix("torch."),
-        device=str(first.device),
-        bytes_aliased=sum(b.numel() * b.element_size() for b in buffers),
-        bytes_copied=0,
-        notes=(form.note,),
+        notes=(*view.report.notes, form.note),
     )
-    return MLAView(
-        buffers,
-        source=kv_caches,
-        layer_ids=layer_ids,
-        page_size=form.tokens_per_block,
-        num_blocks=form.num_block,
-        dtype=first.dtype,
-        device=first.device,
-        report=report,
+    return view.rebuild(report=report)  # type: ignore[return-value]
+
+
+def _located(kv_caches: Mapping[str, torch.Tensor]) -> Located:
+    """The dict read as every dict is (one container, names to layer ids, read twice), its layers kept in
+    the dict's order: vLLM's own order, which the view has always had."""
+    found, declined = locate(kv_caches)
+    if not found:
+        raise UnsupportedPoolError(f"vLLM KV caches: {'; '.join(declined)}")
+    c = found[0].containers[0]
+    if c.dict_order is None:
+        return found[0]
+    back = sorted(range(len(c.tensors)), key=lambda j: c.dict_order[j])  # type: ignore[index]
+    ordered = replace(
+        c,
+        tensors=tuple(c.tensors[j] for j in back),
+        layer_ids=None if c.layer_ids is None else tuple(c.layer_ids[j] for j in back),
+        dict_order=tuple(range(len(back))),
+        names=None if c.names is None else tuple(c.names[j] for j in back),
     )
+    return replace(found[0], containers=(ordered,))

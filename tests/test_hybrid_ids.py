@@ -89,3 +89,23 @@ def test_two_keys_that_read_as_one_layer_id_are_refused(case):
     for call in (adapt, plan):
         with pytest.raises(InconsistentLayersError, match=f"{where}.*(once|distinct)"):
             call(pool, hybrid="attention_only")
+
+
+@pytest.mark.parametrize("shift", [1 << 40, 1 << 62])
+def test_a_layer_id_past_the_one_limit_is_refused_in_a_mapping_as_in_the_option(shift: int) -> None:
+    """integers.LIMIT bounds every layer id: a consistent mapping may not hold ids the ``layer_ids``
+    option refuses (they were accepted up to 2**63 here)."""
+    pool = _swa_pool()
+    pool.layers_mapping = {g + shift: v for g, v in pool.layers_mapping.items()}
+    pool.full_kv_pool.model_layer_ids = [i + shift for i in pool.full_kv_pool.model_layer_ids]
+    for way_in in (adapt, plan):
+        with pytest.raises(InconsistentLayersError, match="integer below 1099511627776"):
+            way_in(pool, hybrid="attention_only")
+
+
+def test_ids_just_under_the_limit_still_read() -> None:
+    shift = (1 << 40) - 8
+    pool = _swa_pool()
+    pool.layers_mapping = {g + shift: v for g, v in pool.layers_mapping.items()}
+    pool.full_kv_pool.model_layer_ids = [i + shift for i in pool.full_kv_pool.model_layer_ids]
+    assert list(plan(pool, hybrid="attention_only").layer_ids) == [shift + 1, shift + 4]

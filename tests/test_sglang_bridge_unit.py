@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 from flexkv_adapter import AdapterError
 from flexkv_adapter.integrations.sglang_bridge import BridgeConnector, check_connector, handle_key
 from flexkv_adapter.integrations.sglang_namespaces import namespaced
-from flexkv_adapter.integrations.sglang_refusals import bridge_topology_refusal, own_connector_refusal
+from flexkv_adapter.integrations.sglang_refusals import (
+    bridge_topology_refusal,
+    hicache_storage_refusal,
+    own_connector_refusal,
+)
 
 
 @dataclass(frozen=True)
@@ -134,3 +138,10 @@ def test_namespaced(obj, expected):
 def test_the_bridge_serves_tensor_parallelism_only(args, match):
     refusal = bridge_topology_refusal(SimpleNamespace(**args))
     assert (refusal is None) if match is None else (match in str(refusal))
+
+
+@pytest.mark.parametrize(("backend", "refused"), [(None, False), ("", False), ("file", True), ("mooncake", True)])
+def test_a_hicache_storage_backend_is_refused_under_the_bridge(backend, refused):
+    refusal = hicache_storage_refusal(SimpleNamespace(hicache_storage_backend=backend))
+    assert (refusal is not None) == refused and hicache_storage_refusal(SimpleNamespace()) is None
+    assert refusal is None or ("is_backuped" in str(refusal) and repr(backend) in str(refusal))

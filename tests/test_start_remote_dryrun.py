@@ -123,7 +123,9 @@ def test_a_class_that_is_not_a_transfer_manager_is_refused_with_2(tmp_path):
         (False, {"master_lost": 3000000}, ExitCode.SETTINGS, "master_lost_s=3000000"),
         (True, {"probe_interval": 2200000}, ExitCode.SETTINGS, "probe_interval_s="),
         (True, {"grace": "1e300"}, ExitCode.SETTINGS, "grace_s="),
-        (False, {"nnodes": "x"}, ExitCode.SETTINGS, "invalid command line"),
+        (False, {"nnodes": "x"}, ExitCode.SETTINGS, "nnodes must be a positive integer, got 'x'"),
+        (False, {"nnodes": "1_6"}, ExitCode.SETTINGS, "nnodes must be a positive integer, got '1_6'"),
+        (False, {"no_such_flag": "1"}, ExitCode.SETTINGS, "invalid command line"),
     ],
 )
 def test_every_refusal_prints_the_error_line_with_its_status(tmp_path, dry, flags, status, text):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import AmbiguousLayoutError, PlanError
-from ..integers import bounded_integer
+from ..integers import LIMIT, bounded_integer
 from ..text import short_repr
 from ..views import PoolView
 
@@ -65,7 +65,7 @@ def _field(config: object, name: str) -> Any:
 
 def positive_int(value: object, name: str) -> int:
     """``value`` as a positive int (the one integer reader's rules); bools, floats and strings are refused."""
-    return bounded_integer(value, name, 1, 1 << 40, PlanError)
+    return bounded_integer(value, name, 1, LIMIT, PlanError)
 
 
 def model_facts(model_config: object) -> ModelFacts:

@@ -15,6 +15,8 @@ installed:
   (``:468``); the in-tree ``__init__`` hook is then not registered;
 * AROUND hooks on ``FlexKVRadixCache.match_prefix`` (``:156``) and ``.checkpoint`` (``:382``):
   requests with a LoRA or cache_salt bypass FlexKV (:mod:`.sglang_namespaces`);
+* an AROUND hook on ``FlexKVRadixCache.release_aborted_request`` (``:481``): an aborted request's
+  store that FlexKV still copies keeps its radix lock until it completes (:mod:`.sglang_aborts`);
 * with ``remote: external``, a replacement of ``TransferManagerOnRemote.create_process`` that waits
   for ``scripts/start_remote.py`` instead of spawning a second remote (:mod:`.external_remote`).
 
@@ -38,6 +40,7 @@ from ..hybrid import HybridPoolError
 from ..settings import AdapterSettings, load_settings
 from ..views import PoolView
 from .external_remote import ExternalRemote, wait_for_start_remote
+from .sglang_aborts import register_abort_hook
 from .sglang_bridge import PREFIX, BridgeConnector
 from .sglang_checks import (
     check_pool_kind,
@@ -195,6 +198,7 @@ def install() -> None:
     hooked += [f"{t}.__init__" for t in connectors]
     if module_exists(RADIX_MODULE):
         hooked += register_namespace_hooks(HookRegistry, HookType, settings)
+        hooked += register_abort_hook(HookRegistry, HookType)
     if settings.remote == "external" and module_exists(CREATE_PROCESS.rsplit(".", 2)[0]):
         HookRegistry.register(CREATE_PROCESS, _create_process(settings), HookType.REPLACE)
         hooked.append(f"{CREATE_PROCESS} (remote: external)")

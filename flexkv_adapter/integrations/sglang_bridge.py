@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import AdapterError
 from ..settings import load_settings
 from .sglang_checks import installed_flexkv_api, skew_error
-from .sglang_refusals import bridge_topology_refusal, own_connector_refusal
+from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,14 @@ FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
 LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"
 HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
 RADIX_MODULE = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
-NAMESPACE_HOOKS = ("flexkv_adapter.integrations.sglang_namespaces", ("match_prefix", "checkpoint"))
+# The plugin's hooks on FlexKVRadixCache: (module of the hook, methods, what goes wrong without them,
+# whether ``sglang_namespaced_requests: shared`` turns them off).
+RADIX_HOOKS = (
+    ("flexkv_adapter.integrations.sglang_namespaces", ("match_prefix", "checkpoint"), "LoRA / cache_salt requests "
+     "would share KV across namespaces", True),
+    ("flexkv_adapter.integrations.sglang_aborts", ("release_aborted_request",), "an aborted request's slots could "
+     "be reused while FlexKV still stores them", False),
+)  # fmt: skip
 WORKING_FLEXKV = (
     "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
     "connector (flexkv.integration.sglang.connector, bridged by this plugin)"
@@ -127,15 +134,18 @@ def _hooked_by(fn: Any, module: str) -> bool:
     return False
 
 
-def missing_namespace_hooks() -> list[str]:
-    """FlexKVRadixCache methods whose namespace hook is not in place although the settings ask for it.
-
-    SGLang logs a hook that fails to apply and serves on; LoRA / cache_salt requests would then share KV."""
-    if load_settings().sglang_namespaced_requests == "shared":
-        return []
-    module, methods = NAMESPACE_HOOKS
+def missing_radix_hooks() -> list[str]:
+    """The plugin's FlexKVRadixCache hooks that are not in place (SGLang logs a hook that fails to apply and
+    serves on), each with what goes wrong without it."""
+    shared = load_settings().sglang_namespaced_requests == "shared"
     radix = importlib.import_module(RADIX_MODULE).FlexKVRadixCache
-    return [f"FlexKVRadixCache.{m}" for m in methods if not _hooked_by(getattr(radix, m, None), module)]
+    return [
+        f"FlexKVRadixCache.{m} ({harm})"
+        for module, methods, harm, optional in RADIX_HOOKS
+        if not (optional and shared)
+        for m in methods
+        if not _hooked_by(getattr(radix, m, None), module)
+    ]
 
 
 def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
@@ -175,12 +185,13 @@ class BridgeConnector:
         try:
             # Also here, not only in the hook on FlexKV's __init__: SGLang logs a hook it fails to apply and serves on.
             args = kwargs.get("server_args")
-            if refusal := own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args):
+            refusal = own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args)
+            if refusal := refusal or hicache_storage_refusal(args):
                 raise refusal
-            if missing := missing_namespace_hooks():
+            if missing := missing_radix_hooks():
                 raise AdapterError(
-                    f"the hook(s) on {', '.join(missing)} that keep LoRA / cache_salt requests out of FlexKV are not "
-                    f"applied (see SGLang's 'Failed to apply hooks' log); serving would share KV across namespaces"
+                    f"the plugin's hook(s) on {'; '.join(missing)} are not applied (see SGLang's 'Failed to apply "
+                    f"hooks' log)"
                 )
             shape, why = resolve_connector()
         except AdapterError as exc:

@@ -95,3 +95,18 @@ def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
             "FlexKV's SGLang connector keys and copies whole pages per rank, which is unproven. Run without it"
         )
     return None
+
+
+def hicache_storage_refusal(server_args: Any) -> AdapterError | None:
+    """A HiCache storage backend next to FlexKV: SGLang 0.5.23's scheduler then fails at the first request.
+
+    With one set, ``Scheduler._prefetch_kvcache`` calls ``tree_cache.is_backuped`` (managers/scheduler.py:3365),
+    which FlexKVRadixCache lacks, then ``prefetch_from_storage`` with nine arguments where it takes three."""
+    backend = getattr(server_args, "hicache_storage_backend", None)
+    if backend is None or backend == "":
+        return None
+    return AdapterError(
+        f"hicache_storage_backend={backend!r}: SGLang 0.5.23's scheduler then calls FlexKVRadixCache.is_backuped "
+        f"(which it lacks) at every admitted request; FlexKV's own SSD / remote tiers are configured in FlexKV "
+        f"instead. Run without --hicache-storage-backend"
+    )

@@ -12,6 +12,7 @@ from typing import Any, NoReturn, TypeVar, cast
 
 from ..errors import SettingsError
 from ..settings import AdapterSettings, load_settings
+from ..strict import number_kind, number_text
 from .children import end_children, reap_descendants
 from .dryrun import dry_run as run_dry
 from .dryrun import plan
@@ -27,37 +28,36 @@ from .supervisor import Signals, Supervisor
 logger = logging.getLogger("flexkv_adapter.remote")
 T = TypeVar("T")
 
-# command-line flag -> settings field (flags win over every other source)
-_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--master-host", "master_host", str, "node 0's address (FLEXKV_MASTER_HOST)"),
-    ("--master-ports", "master_ports", str, "command,result,query ports (FLEXKV_MASTER_PORTS)"),
-    ("--nnodes", "nnodes", int, "number of nodes"),
-    ("--node-rank", "node_rank", int, "this node's rank (must not be 0)"),
-    ("--server-recv-port", "server_recv_port", str, "FlexKV server port, same on every node (ipc: absolute path)"),
-    ("--transfer-manager", "transfer_manager", str, "module:Class of the remote transfer manager"),
-    ("--connect-timeout", "connect_timeout_s", float, "seconds to wait for the master's ports"),
-    ("--handshake-timeout", "handshake_timeout_s", float, "seconds to wait for the master's config"),
-    ("--gpu-timeout", "gpu_timeout_s", float, "seconds to wait for local GPU registrations"),
-    ("--engine-timeout", "engine_timeout_s", float, "seconds for the transfer engine to start after registration"),
-    ("--grace", "grace_s", float, "seconds for a clean shutdown after SIGTERM/SIGINT/SIGHUP"),
-    ("--reap-grace", "reap_grace_s", float, "of grace_s, seconds workers get to stop (unpin) before SIGTERM"),
-    ("--probe-interval", "probe_interval_s", float, "from the master's config on: seconds between heartbeats to it"),
+# command-line flag -> settings field (flags win over every other source); a number is read from its text by
+# the rule environment variables use (ASCII decimal), and any other text is left for the settings to refuse
+_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("--master-host", "master_host", "node 0's address (FLEXKV_MASTER_HOST)"),
+    ("--master-ports", "master_ports", "command,result,query ports (FLEXKV_MASTER_PORTS)"),
+    ("--nnodes", "nnodes", "number of nodes"),
+    ("--node-rank", "node_rank", "this node's rank (must not be 0)"),
+    ("--server-recv-port", "server_recv_port", "FlexKV server port, same on every node (ipc: absolute path)"),
+    ("--transfer-manager", "transfer_manager", "module:Class of the remote transfer manager"),
+    ("--connect-timeout", "connect_timeout_s", "seconds to wait for the master's ports"),
+    ("--handshake-timeout", "handshake_timeout_s", "seconds to wait for the master's config"),
+    ("--gpu-timeout", "gpu_timeout_s", "seconds to wait for local GPU registrations"),
+    ("--engine-timeout", "engine_timeout_s", "seconds for the transfer engine to start after registration"),
+    ("--grace", "grace_s", "seconds for a clean shutdown after SIGTERM/SIGINT/SIGHUP"),
+    ("--reap-grace", "reap_grace_s", "of grace_s, seconds workers get to stop (unpin) before SIGTERM"),
+    ("--probe-interval", "probe_interval_s", "from the master's config on: seconds between heartbeats to it"),
     (
         "--master-lost",
         "master_lost_s",
-        float,
         "from the config on: exit 13 when the master's heartbeats fail this long",
     ),
-    ("--health-host", "health_host", str, "health endpoint address"),
-    ("--health-port", "health_port", int, "health endpoint port (off unless set)"),
+    ("--health-host", "health_host", "health endpoint address"),
+    ("--health-port", "health_port", "health endpoint port (off unless set)"),
     (
         "--failed-visible",
         "failed_visible_s",
-        float,
         "after a failure, seconds the health endpoint keeps serving `failed` before the exit (0 to 60)",
     ),
-    ("--ready-file", "ready_file", str, "file present (JSON) only while ready"),
-    ("--lock-dir", "lock_dir", str, "existing directory of the lock (default: $XDG_RUNTIME_DIR or a private one)"),
+    ("--ready-file", "ready_file", "file present (JSON) only while ready"),
+    ("--lock-dir", "lock_dir", "existing directory of the lock (default: $XDG_RUNTIME_DIR or a private one)"),
 )
 
 
@@ -79,6 +79,17 @@ def _default(dest: str) -> str:
     return "unset" if field.default is None else str(field.default)
 
 
+def _text_of(dest: str) -> Callable[[str], object]:
+    """How a flag's text becomes a value: one rule with the environment (``1_6``, ``16.0`` for an
+    integer, other scripts' digits stay text, which the settings refuse with their own message)."""
+    kind = number_kind(AdapterSettings.model_fields[dest])
+
+    def read(text: str) -> object:
+        return number_text(text, kind)
+
+    return read
+
+
 def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog,
@@ -88,8 +99,8 @@ def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
-    for flag, dest, kind, text in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=kind, help=f"{text} (default: {_default(dest)})")
+    for flag, dest, text in _FLAGS:
+        parser.add_argument(flag, dest=dest, type=_text_of(dest), help=f"{text} (default: {_default(dest)})")
     parser.add_argument(
         "--allow-loopback-master",
         dest="allow_loopback_master",
@@ -216,7 +227,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> in
         logging.getLogger().setLevel(logging.DEBUG)
     signals = Signals()
     signals.install()  # before anything slow, so SIGTERM is handled in every state
-    overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS}
+    overrides = {dest: getattr(args, dest) for _, dest, _ in _FLAGS}
     overrides["allow_loopback_master"] = args.allow_loopback_master
     overrides["keep_cuda_visible_devices"] = args.keep_cuda_visible_devices
     try:

@@ -20,6 +20,7 @@ import pytest
 
 from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
 
+from . import flexkv_prefetch as prefetch
 from . import flexkv_serving as serving
 from . import flexkv_standin as fk
 
@@ -112,6 +113,7 @@ _ORIGINALS = [
         (fk.OwnFlexKVConnector, "__init__"),
         (fk.TransferManagerOnRemote, "create_process"),
         (serving.ServingFlexKVConnector, "__init__"),
+        (prefetch.PrefetchFlexKVConnector, "__init__"),
     )
 ]
 _RADIX_PACKAGE = "sglang.srt.mem_cache.storage.flexkv."  # the radix cache is re-imported: hooks patch it

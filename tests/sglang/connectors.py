@@ -10,7 +10,6 @@ from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
 
 from ..helpers import flexkv_worker_read, region_bytes
 from . import flexkv_standin as fk
-from .test_sglang_pools import KW, _fill, mp
 
 OWN_MODULE = "flexkv.integration.sglang.connector"
 
@@ -28,30 +27,6 @@ def build(pool, model, module=IN_TREE_MODULE, page_size=16, pp_rank=0, **server)
         pp_rank=pp_rank,
         attn_cp_rank=0,
     )
-
-
-def mha_pool(layers=3, start_layer=None, size=72, head_num=4, page_size=16, head_dim=8, v_head_dim=None):
-    pool = mp().MHATokenToKVPool(
-        size=size,
-        page_size=page_size,
-        dtype=torch.bfloat16,
-        head_num=head_num,
-        head_dim=head_dim,
-        v_head_dim=v_head_dim,
-        layer_num=layers,
-        start_layer=start_layer,
-        **KW,
-    )
-    _fill(pool.k_buffer), _fill(pool.v_buffer, 100)
-    return pool
-
-
-def mla_pool():
-    pool = mp().MLATokenToKVPool(
-        size=72, page_size=16, dtype=torch.bfloat16, kv_lora_rank=24, qk_rope_head_dim=8, layer_num=2, **KW
-    )
-    _fill(pool.kv_buffer)
-    return pool
 
 
 class Renamed:

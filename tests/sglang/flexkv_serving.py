@@ -11,9 +11,11 @@ signatures (``rid`` keys, optional ``sglang_req_id``), and the behaviour the bri
 * a repeated lookup for the same ``rid`` cancels the task it replaces.
 
 Behind it, :class:`DataKVManager` keeps whole pages keyed by their token prefix and copies the rows
-of the tensors registered with ``KVTPClient``. A store's host copy runs at its second completion poll
-(it reads the GPU slots then, so slots freed early would be caught). Layerwise loads, prefetch (no
-SSD/remote tier) and SWA slot mappings are left out.
+of the tensors every TP rank registered with ``KVTPClient`` (this process's, plus the ones other
+ranks handed over in :data:`PEER_REGISTRATIONS`, as FlexKV's server gets every rank's IPC handles).
+A store's host copy runs at its second completion poll (it reads the GPU slots then, so slots freed
+early would be caught). Layerwise loads and SWA slot mappings are left out; prefetch (a tier below
+the CPU) is in ``flexkv_prefetch``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import torch.distributed as dist
 from . import flexkv_standin as fk
 
 _UNSET = object()
+# tp rank -> the tensors that rank registered (shared memory), for ranks in other processes
+PEER_REGISTRATIONS: dict[int, list[torch.Tensor]] = {}
 TERMINAL = {"success", "failed", "cancelled", "not_found"}
 
 
@@ -113,18 +117,21 @@ class DataKVManager:
             fk.CALLS.append(("launch", {"kind": task.kind, "slots": slots.tolist()}))
         return task_ids
 
-    def _tensors(self) -> list[torch.Tensor]:
-        return list(fk.calls("register_to_server")[-1]["kv_caches"])  # what KVTPClient registered
+    def _ranks(self) -> list[list[torch.Tensor]]:
+        """Every rank's registered tensors: this process's last registration, then the peers' (by rank)."""
+        own = list(fk.calls("register_to_server")[-1]["kv_caches"])
+        return [own] + [PEER_REGISTRATIONS[r] for r in sorted(PEER_REGISTRATIONS)]
 
     def _run(self, task: _Task) -> None:
         assert task.slots is not None
         chunks = torch.split(task.slots, task.tokens_per_page)
         for prefix, slots in zip(task.pages, chunks):
-            if task.kind == "put":
-                self.pages[prefix] = [t[slots].clone() for t in self._tensors()]
+            if task.kind == "put":  # one page holds every rank's head shard
+                self.pages[prefix] = [[t[slots].clone() for t in ts] for ts in self._ranks()]
             else:
-                for t, rows in zip(self._tensors(), self.pages[prefix]):
-                    t[slots] = rows[len(rows) - len(slots) :]
+                for ts, shard in zip(self._ranks(), self.pages[prefix], strict=True):
+                    for t, rows in zip(ts, shard, strict=True):
+                        t[slots] = rows[len(rows) - len(slots) :]
         task.status = "success"
 
     def wait(self, task_ids: list[int], timeout: float = 20.0, completely: bool = False) -> dict[int, Any]:
@@ -318,9 +325,10 @@ class Pre263Channels(str, Enum):
     STORE_COMPLETION = "store_completion"
 
 
-# tree name -> (FlexKV's own connector, its scatter channels)
+# tree name -> (FlexKV's own connector [module.]class, its scatter channels)
 TREES = {
     "serving": ("ServingFlexKVConnector", "FlexKVScatterChannel"),
+    "prefetch": ("flexkv_prefetch.PrefetchFlexKVConnector", "FlexKVScatterChannel"),
     "drifted": ("Drifted", "FlexKVScatterChannel"),
     "pre263": ("ServingFlexKVConnector", "Pre263Channels"),
 }
@@ -329,8 +337,11 @@ TREES = {
 def build_serving_tree(root: Path, shape: str = "serving") -> Path:
     """The ``current`` stand-in tree, with FlexKV's own connector and comm module taken from this module."""
     connector, channels = TREES[shape]
+    module, _, connector = connector.rpartition(".")
     fk.build_tree(root, "current")
     sglang = root / "flexkv/integration/sglang"
-    (sglang / "connector.py").write_text(f"from tests.sglang.flexkv_serving import {connector} as FlexKVConnector\n")
+    (sglang / "connector.py").write_text(
+        f"from tests.sglang.{module or 'flexkv_serving'} import {connector} as FlexKVConnector\n"
+    )
     (sglang / "comm.py").write_text(f"from tests.sglang.flexkv_serving import {channels} as FlexKVScatterChannel\n")
     return root

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import flexkv_standin as fk
-from .test_sglang_pools import KW, _fill, mp
+from .pools import KW, mha_pool, mla_pool, mp
 
 RADIX = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
 PAGE = 16
@@ -32,17 +32,7 @@ def stub_cuda(monkeypatch: Any) -> None:
 
 
 def make_pool(kind: str, size: int = 256, heads: int = 4) -> Any:
-    if kind == "mha":
-        pool = mp().MHATokenToKVPool(
-            size=size, page_size=PAGE, dtype=torch.bfloat16, head_num=heads, head_dim=8, layer_num=3, **KW
-        )
-        _fill(pool.k_buffer), _fill(pool.v_buffer, 100)
-    else:
-        pool = mp().MLATokenToKVPool(
-            size=size, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=24, qk_rope_head_dim=8, layer_num=2, **KW
-        )
-        _fill(pool.kv_buffer)
-    return pool
+    return mha_pool(size=size, head_num=heads) if kind == "mha" else mla_pool(size=size)
 
 
 def read(pool: Any, slots: torch.Tensor) -> list[bytes]:
@@ -69,10 +59,31 @@ def write(pool: Any, slots: torch.Tensor, seed: int) -> None:
         )
 
 
+def buffers(pool: Any) -> list[torch.Tensor]:
+    return list(pool.kv_buffer) if hasattr(pool, "kv_buffer") else [*pool.k_buffer, *pool.v_buffer]
+
+
 def zero(pool: Any, slots: torch.Tensor) -> None:
-    buffers = list(pool.kv_buffer) if hasattr(pool, "kv_buffer") else [*pool.k_buffer, *pool.v_buffer]
-    for t in buffers:
+    for t in buffers(pool):
         t[slots.long()] = 0
+
+
+def untouched_outside(before: list[torch.Tensor], pool: Any, slots: torch.Tensor) -> bool:
+    """Every row of every buffer but ``slots`` still holds the bytes of ``before``: a restore writes nowhere else."""
+    for old, new in zip(before, buffers(pool), strict=True):
+        keep = torch.ones(new.shape[0], dtype=torch.bool)
+        keep[slots.long()] = False
+        if not torch.equal(old[keep].view(torch.uint8), new[keep].view(torch.uint8)):
+            return False
+    return True
+
+
+def retake(alloc: Any, slots: torch.Tensor) -> set[int]:
+    """Allocate pages until every one of ``slots`` is taken again: a restore must then go elsewhere."""
+    taken: set[int] = set()
+    while not set(slots.tolist()) <= taken:
+        taken |= set(alloc.alloc(alloc.page_size).tolist())
+    return taken
 
 
 class Rig:
@@ -133,16 +144,24 @@ class Rig:
 
         return int(self.cache.evict(EvictParams(num_tokens=10**6)).num_tokens_evicted)
 
-    def match_and_load(self, req: SimpleNamespace) -> tuple[int, torch.Tensor | None]:
-        """The scheduler's two phases: match_prefix (FlexKV lookup), then init_load_back (retrieve)."""
-        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
+    def match(self, req: SimpleNamespace) -> Any:
+        """The scheduler's first phase: match_prefix (the FlexKV lookup holds a task for ``req``'s handle)."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         key = RadixKey(req.full_untruncated_fill_ids, req.extra_key, cache_salt=req.cache_salt)
-        match = self.cache.match_prefix(MatchPrefixParams(key=key, req=req))
+        return self.cache.match_prefix(MatchPrefixParams(key=key, req=req))
+
+    def load(self, req: SimpleNamespace, match: Any) -> tuple[int, torch.Tensor | None]:
+        """The second phase: init_load_back (FlexKV retrieve) into freshly allocated slots."""
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
         if match.host_hit_length <= 0:
             return match.device_prefix_len, None
         loaded, node = self.cache.init_load_back(
             InitLoadBackParams(best_match_node=match.last_device_node, host_hit_length=match.host_hit_length, req=req)
         )
         return loaded, (node.value if loaded else None)
+
+    def match_and_load(self, req: SimpleNamespace) -> tuple[int, torch.Tensor | None]:
+        return self.load(req, self.match(req))

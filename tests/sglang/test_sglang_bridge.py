@@ -67,7 +67,8 @@ def test_negative_control_a_registration_that_does_not_alias_the_pool_fails(sgla
 
 
 def test_a_pool_only_adapt_makes_acceptable_is_served(sglang_env, models, monkeypatch):
-    from .connectors import Renamed, mha_pool
+    from .connectors import Renamed
+    from .pools import mha_pool
 
     sglang_env.use("serving")
     sglang_env.load()
@@ -143,7 +144,8 @@ def test_layerwise_mode_is_refused_as_unproven(sglang_env, models, monkeypatch):
 
 @pytest.mark.parametrize("server", [{"pp_size": 2}, {"enable_dp_attention": True, "dp_size": 2}])
 def test_unproven_topologies_are_refused_by_the_bridge(sglang_env, models, server):
-    from .connectors import build, mha_pool
+    from .connectors import build
+    from .pools import mha_pool
 
     sglang_env.use("serving")
     sglang_env.load()
@@ -154,7 +156,7 @@ def test_unproven_topologies_are_refused_by_the_bridge(sglang_env, models, serve
 
 def test_dsa_pool_is_refused_for_flexkv_own_connector_naming_the_indexer(sglang_env, models, monkeypatch):
     from .connectors import build
-    from .test_sglang_pools import DSA_ARGS, mp
+    from .pools import DSA_ARGS, mp
 
     sglang_env.use("serving")
     sglang_env.load()
@@ -168,7 +170,8 @@ def test_dsa_pool_is_refused_for_flexkv_own_connector_naming_the_indexer(sglang_
 
 
 def test_dcp_is_refused(sglang_env, models, monkeypatch):
-    from .connectors import build, mha_pool
+    from .connectors import build
+    from .pools import mha_pool
 
     sglang_env.use("serving")
     sglang_env.load()
@@ -231,7 +234,8 @@ def test_with_the_opt_in_the_radix_cache_builds_the_bridge(sglang_env):
 def test_remote_external_holds_through_the_bridge(sglang_env, models, start_remote_standin):  # noqa: F811
     from flexkv_adapter.integrations.external_remote import ExternalRemote
 
-    from .connectors import build, mha_pool
+    from .connectors import build
+    from .pools import mha_pool
 
     start_remote_standin.tracker.set(start_remote_standin.State.WAITING_FOR_GPUS)
     sglang_env.use("serving")

@@ -10,7 +10,7 @@ import pytest
 from flexkv_adapter import AdapterError, adapt
 
 from . import flexkv_standin as fk
-from .test_sglang_hybrids import _hybrid_linear
+from .pools import hybrid_linear
 
 OWN = "flexkv.integration.sglang.connector"
 
@@ -23,7 +23,7 @@ def test_a_view_of_a_hybrid_whose_full_pool_is_dsa_is_refused_naming_the_indexer
 
     sglang_env.use("serving")
     sglang_env.load()
-    pool = _hybrid_linear(True, dsa=True)
+    pool = hybrid_linear(True, dsa=True)
     assert getattr(pool.full_kv_pool, "index_k_with_scale_buffer", None) is not None
     view = adapt(pool, hybrid="attention_only")
     with pytest.raises(AdapterError, match="DSATokenToKVPool has a DSA/NSA indexer"):
@@ -36,7 +36,7 @@ def test_negative_control_the_same_view_without_dsa_is_served(sglang_env, models
 
     sglang_env.use("serving")
     sglang_env.load()
-    view = adapt(_hybrid_linear(True), hybrid="attention_only")
+    view = adapt(hybrid_linear(True), hybrid="attention_only")
     build(view, models["deepseek"], module=OWN, page_size=16)
     assert fk.calls("register_to_server")
 
@@ -47,8 +47,8 @@ def test_the_bridge_refuses_dsa_even_where_the_hook_on_flexkvs_connector_did_not
     import importlib
     import inspect
 
+    from .pools import DSA_ARGS, mp
     from .radix_harness import Rig
-    from .test_sglang_pools import DSA_ARGS, mp
 
     sglang_env.use("serving")
     sglang_env.load()
@@ -62,10 +62,11 @@ def test_the_bridge_refuses_dsa_even_where_the_hook_on_flexkvs_connector_did_not
     assert not fk.calls("register_to_server")
 
 
-@pytest.mark.parametrize("method", ["match_prefix", "checkpoint"])
+@pytest.mark.parametrize("method", ["match_prefix", "checkpoint", "release_aborted_request"])
 def test_the_bridge_refuses_to_serve_where_a_namespace_hook_did_not_apply(sglang_env, models, monkeypatch, method):
     """Without the AROUND hooks (SGLang logged them as failed), LoRA / cache_salt requests would look up
-    and store by token ids alone: another tenant's KV. The bridge refuses instead of serving."""
+    and store by token ids alone: another tenant's KV (or, without the abort hook, an aborted request's
+    slots could be reused while FlexKV stores them). The bridge refuses instead of serving."""
     import importlib
     import inspect
 
@@ -98,7 +99,7 @@ class _Holder:
 
 def test_a_view_read_by_attrs_from_a_wrapper_of_a_dsa_pool_is_refused(sglang_env, models):
     from .connectors import build
-    from .test_sglang_pools import DSA_ARGS, mp
+    from .pools import DSA_ARGS, mp
 
     sglang_env.use("serving")
     sglang_env.load()
@@ -127,7 +128,8 @@ def test_dp_in_sglang_0_5_23s_spelling_and_kv_sharding_are_refused_by_the_bridge
     ``enable_dp_attention and dp_size > 1`` never fires; every DP rank would be FlexKV DP client 0."""
     import dataclasses
 
-    from .connectors import build, mha_pool
+    from .connectors import build
+    from .pools import mha_pool
 
     sglang_env.use("serving")
     sglang_env.load()

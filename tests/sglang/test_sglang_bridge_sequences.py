@@ -21,6 +21,7 @@ PROMPTS = [list(range(1000 + 100 * p, 1048 + 100 * p)) for p in range(3)]  # no 
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("store"), st.integers(0, 2), st.booleans()),
+        st.tuples(st.just("abort"), st.integers(0, 2), st.booleans()),  # stored, then aborted (PD transfer failure)
         st.tuples(st.just("poll"), st.just(0), st.just(False)),
         st.tuples(st.just("evict"), st.just(0), st.just(False)),
         st.tuples(st.just("load"), st.integers(0, 2), st.just(False)),
@@ -37,6 +38,8 @@ def _on_device(rig: Rig, ids: list[int]) -> int:
 
 
 def _sequences(models, monkeypatch, kind):
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
     seen = {"loads": 0}
 
     @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
@@ -44,18 +47,22 @@ def _sequences(models, monkeypatch, kind):
     @example(ops=[("store", 0, False), ("poll", 0, False), ("poll", 0, False), ("evict", 0, False), ("load", 0, False)])
     @example(ops=[("store", 1, True), ("store", 2, False), ("evict", 0, False), ("poll", 0, False), ("evict", 0, False),
                   ("load", 1, False), ("evict", 0, False), ("store", 1, True), ("load", 2, False)])  # fmt: skip
+    @example(ops=[("abort", 0, False), ("evict", 0, False), ("store", 1, False), ("poll", 0, False),
+                  ("poll", 0, False), ("evict", 0, False), ("load", 0, False)])  # fmt: skip
     def run(ops):
         rig = Rig(monkeypatch, models["llama" if kind == "mha" else "deepseek"], kind)
         expected: dict[int, list[bytes]] = {}
         attempts: dict[int, int] = {}
         for op, p, retry in ops:
             ids = PROMPTS[p]
-            if op == "store" and _on_device(rig, ids) == 0 and rig.alloc.available_size() >= len(ids):
+            if op in ("store", "abort") and _on_device(rig, ids) == 0 and rig.alloc.available_size() >= len(ids):
                 attempt = attempts.get(p, -1) + 1 if retry else 0
                 attempts[p] = attempt
                 req = rig.request(f"r{p}@attempt9", ids, prompt=40, attempt=attempt, seed=p)
                 expected[p] = read(rig.pool, req.slots)
                 rig.finish(req)
+                if op == "abort":
+                    rig.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
             elif op == "poll":
                 rig.cache.check_hicache_events()
             elif op == "evict":

@@ -16,13 +16,13 @@ from .test_sglang_bridge_real import SOURCE
 REAL = SOURCE if os.path.isdir(SOURCE) else ""
 
 
-def run_ranks(tmp_path, real=""):
+def run_ranks(tmp_path, real="", broken=False):
     tree = serving.build_serving_tree(tmp_path / "tree")
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama" / "config.json").write_text(json.dumps(LLAMA))
     ctx = mp.get_context("fork")  # SGLang is imported already: spawning would import it twice more
     queue = ctx.Queue()
-    args = (str(tmp_path / "rdv"), str(tree), str(tmp_path / "llama"), queue, real)
+    args = (str(tmp_path / "rdv"), str(tree), str(tmp_path / "llama"), queue, ctx.Queue(), real, broken)
     procs = [ctx.Process(target=tp_worker.run, args=(rank, *args)) for rank in range(2)]
     for p in procs:
         p.start()
@@ -37,15 +37,19 @@ def run_ranks(tmp_path, real=""):
     return results
 
 
-def check(results):
+def check(results, exact=(True, True)):
     for rank, (status, value) in results.items():
         assert status == "ok", value
         assert value["leader"] == (rank == 0)
         assert value["stored"] == [0, 1]  # both attempts of r1: store_kv succeeded on both ranks
         assert value["evicted_in_flight"] == 0 and value["ticks"] == 1 and value["evicted"] == 64
-        assert value["loaded"] == 48
+        assert value["loaded"] == 48 and value["elsewhere"]
         assert value["keys"] == ["r1@attempt0", "r1@attempt1"]  # the same keys on both ranks
-    assert results[0][1]["exact"]  # the leader's data plane holds rank 0's registered tensors
+        # each rank's own head shard (written with its own seed) comes back, every byte, and nothing else moves
+        assert (value["exact"], value["untouched"]) == (exact[rank], True), rank
+        # an abort right after the store (SGLang's PD transfer failure): every rank keeps the slots until done
+        assert (value["abort evicted in flight"], value["abort ticks"], value["abort evicted"]) == (0, 1, 48)
+        assert value["abort restored"] == (48, exact[rank]), rank
     assert results[0][1]["mismatch"] == "none"
     assert "store-start rid mismatch: local='x@attempt1', leader='x@attempt0'" in results[1][1]["mismatch"]
 
@@ -54,8 +58,17 @@ def test_both_ranks_store_complete_and_restore_with_retries(tmp_path):
     check(run_ranks(tmp_path))
 
 
+def test_negative_control_a_shifted_layer_on_rank_1_only_fails_rank_1(tmp_path):
+    check(run_ranks(tmp_path, broken=True), exact=(True, False))
+
+
 @pytest.mark.skipif(not REAL, reason="set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
 def test_the_same_with_flexkv_real_connector(tmp_path):
     results = run_ranks(tmp_path, REAL)
     check(results)
     assert all(value["file"].startswith(REAL) for _, value in results.values())
+
+
+@pytest.mark.skipif(not REAL, reason="set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
+def test_negative_control_with_flexkv_real_connector(tmp_path):
+    check(run_ranks(tmp_path, REAL, broken=True), exact=(True, False))

@@ -22,8 +22,15 @@ from flexkv_adapter.flexkv import plan
 
 from ..helpers import flexkv_worker_region
 from ..hybrid_agreement import agreement, is_documented_asymmetry, tensors_key
-from .test_sglang_hybrids import _hybrid_linear, _minimax, _qsa, _swa
-from .whole_pools import dsa, fp4, minimax, mla_fp4, mxfp8
+from .pools import dsa, fp4, minimax, mla_fp4, mxfp8
+from .pools import hybrid_linear as _hybrid_linear
+from .pools import swa as _swa
+from .test_sglang_hybrids import _qsa
+
+
+def _minimax() -> Any:
+    return minimax(size=64)
+
 
 POOLS = {
     "swa-mha": lambda: _swa(False),

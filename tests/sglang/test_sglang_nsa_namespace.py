@@ -19,7 +19,7 @@ from flexkv_adapter.integrations.sglang_checks import _flexkv_fp8, _head_size
 
 from . import flexkv_standin as fk
 from .connectors import assert_registered_as_pool, build
-from .test_sglang_pools import DSA_ARGS, mp
+from .pools import DSA_ARGS, mp
 
 
 def _nsa(model):

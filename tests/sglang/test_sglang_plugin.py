@@ -23,10 +23,11 @@ from flexkv_adapter.integrations.sglang import IN_TREE_CONNECTOR, IN_TREE_MODULE
 from flexkv_adapter.integrations.sglang_namespaces import RADIX_CLASS
 
 from . import flexkv_standin as fk
-from .connectors import OWN_MODULE, Renamed, assert_registered_as_pool, build, mha_pool, mla_pool
-from .test_sglang_pools import DSA_ARGS, _hybrid_linear, _swa, mp
+from .connectors import OWN_MODULE, Renamed, assert_registered_as_pool, build
+from .pools import DSA_ARGS, mamba_hybrid, mha_pool, mla_pool, mp, swa
 
-NAMESPACE_HOOKS = {f"{RADIX_CLASS}.match_prefix", f"{RADIX_CLASS}.checkpoint"}
+# the namespace hooks, and the abort hook (sglang_aborts)
+NAMESPACE_HOOKS = {f"{RADIX_CLASS}.{m}" for m in ("match_prefix", "checkpoint", "release_aborted_request")}
 
 # --- opt-in, discovery, no-op -----------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ def test_flexkv_own_connector_is_hooked_too(sglang_env, models):
 # --- refusals at engine start ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("factory", [_swa, _hybrid_linear], ids=["swa", "hybrid-linear"])
+@pytest.mark.parametrize("factory", [swa, mamba_hybrid], ids=["swa", "hybrid-linear"])
 @pytest.mark.parametrize("setting", ["error", "attention_only"])
 def test_hybrid_pools_are_refused_without_suggesting_attention_only(sglang_env, models, factory, setting):
     sglang_env.use("old")
@@ -149,7 +150,7 @@ def test_swa_pool_for_an_mla_model_is_the_seed_error(sglang_env, models):
     sglang_env.use("old")
     sglang_env.load()
     with pytest.raises(InconsistentLayersError, match="Layer 1 is not backed by an MLA KV pool"):
-        build(_swa(), models["deepseek"])
+        build(swa(), models["deepseek"])
 
 
 @pytest.mark.parametrize(

@@ -8,21 +8,16 @@ its scale or indexer planes, and every prefix hit would restore garbage.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from flexkv_adapter import AdapterError, adapt
 
 from . import flexkv_standin as fk
 from .connectors import OWN_MODULE, build
-from .test_sglang_pools import DSA_ARGS, mp
-
-KW = {"device": "cpu", "enable_memory_saver": False}
+from .pools import DSA_ARGS, mp, mxfp8
 
 
 def _mxfp8():
-    return mp().MHATokenToKVPoolMXFP8(
-        size=48, page_size=16, dtype=torch.float8_e4m3fn, head_num=4, head_dim=32, layer_num=3, **KW
-    )
+    return mxfp8(layers=3, heads=4)
 
 
 @pytest.mark.parametrize("shape", ["old", "current"])

@@ -10,34 +10,7 @@ from flexkv_adapter.flexkv import plan
 from flexkv_adapter.hybrid import HybridPoolError
 
 from ..helpers import flexkv_worker_read, region_bytes
-
-KW = {"device": "cpu", "enable_memory_saver": False}
-DSA_ARGS = dict(
-    size=128,
-    page_size=64,
-    kv_lora_rank=24,
-    dtype=torch.bfloat16,
-    qk_rope_head_dim=8,
-    layer_num=2,
-    index_head_dim=128,
-    kv_cache_dim=32,
-    **KW,
-)
-
-
-def mp():
-    from sglang.srt.mem_cache import memory_pool
-
-    return memory_pool
-
-
-def _fill(tensors, start=0):
-    for i, t in enumerate(tensors):
-        t.view(torch.uint8).copy_(
-            (torch.arange(t.numel() * t.element_size()) % 241 + start + i)
-            .to(torch.uint8)
-            .view(t.view(torch.uint8).shape)
-        )
+from .pools import DSA_ARGS, KW, fill, mamba_hybrid, minimax, mp, swa
 
 
 def _assert_write_through(view_t: torch.Tensor, getter_t: torch.Tensor) -> None:
@@ -74,7 +47,7 @@ def test_mha_token_to_kv_pool(dtype, v_head_dim, start_layer):
         start_layer=start_layer,
         **KW,
     )
-    _fill(pool.k_buffer), _fill(pool.v_buffer, 100)
+    fill(pool.k_buffer), fill(pool.v_buffer, 100)
     view = adapt(pool)
     assert isinstance(view, MHAView) and view.num_blocks == 5
     first = start_layer or 0
@@ -96,7 +69,7 @@ def test_mla_token_to_kv_pool():
     pool = mp().MLATokenToKVPool(
         size=64, page_size=16, dtype=torch.bfloat16, kv_lora_rank=24, qk_rope_head_dim=8, layer_num=2, **KW
     )
-    _fill(pool.kv_buffer)
+    fill(pool.kv_buffer)
     view = adapt(pool)
     assert isinstance(view, MLAView) and view.kv_buffer[0].shape == (80, 1, 32)
     for i in range(2):
@@ -115,32 +88,16 @@ def test_dsa_token_to_kv_pool_passes_the_indexer_through():
     _assert_write_through(view.kv_buffer[1], pool.get_key_buffer(1))
 
 
-def _swa():
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-    return SWAKVPool(
-        size=64,
-        size_swa=32,
-        page_size=16,
-        dtype=torch.bfloat16,
-        head_num=4,
-        head_dim=8,
-        swa_attention_layer_ids=[0, 2, 3],
-        full_attention_layer_ids=[1, 4],
-        **KW,
-    )
-
-
 def test_swa_pool_is_refused_by_default_naming_the_left_out_layers():
     with pytest.raises(HybridPoolError) as err:
-        adapt(_swa())
+        adapt(swa())
     msg = str(err.value)
     assert "attention layers [1, 4]" in msg and "swa.k" in msg and "layers [0, 2, 3]" in msg
     assert "hybrid='attention_only'" in msg and "FLEXKV_ADAPTER_HYBRID" in msg
 
 
 def test_swa_pool_attention_only_exposes_full_layers_and_swa_side_groups(caplog):
-    pool = _swa()
+    pool = swa()
     view = adapt(pool, hybrid="attention_only")
     assert isinstance(view, MHAView) and view.layer_ids == [1, 4] and view.source is pool
     assert sorted({lid for lid, _ in view.report.excluded_layers}) == [0, 2, 3]
@@ -156,36 +113,11 @@ def test_swa_pool_attention_only_exposes_full_layers_and_swa_side_groups(caplog)
 
 def test_swa_pool_with_mha_sub_pools_refuses_kind_mla_like_the_seed():
     with pytest.raises(InconsistentLayersError, match="Layer 1 is not backed by an MLA KV pool.*MHATokenToKVPool"):
-        adapt(_swa(), kind="mla", hybrid="attention_only")
-
-
-def _hybrid_linear():
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-
-    shape = Mamba2StateShape.create(
-        tp_world_size=1, intermediate_size=64, n_groups=2, num_heads=4, head_dim=8, state_size=16, conv_kernel=4
-    )
-    mamba = mp().MambaPool(
-        size=8,
-        spec_state_size=0,
-        cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1, 3]),
-        mamba_layer_ids=[0, 1, 3],
-        device="cpu",
-    )
-    return mp().HybridLinearKVPool(
-        size=64,
-        dtype=torch.bfloat16,
-        page_size=16,
-        head_num=4,
-        head_dim=8,
-        full_attention_layer_ids=[2, 5],
-        device="cpu",
-        mamba_pool=mamba,
-    )
+        adapt(swa(), kind="mla", hybrid="attention_only")
 
 
 def test_hybrid_linear_pool_with_mamba_state():
-    pool = _hybrid_linear()
+    pool = mamba_hybrid()
     with pytest.raises(HybridPoolError, match="mamba.conv\\[0\\].*mamba.temporal"):
         adapt(pool)
     view = adapt(pool, hybrid="attention_only")
@@ -200,20 +132,7 @@ def test_hybrid_linear_pool_with_mamba_state():
 
 
 def test_minimax_sparse_pool():
-    pool = mp().MiniMaxSparseKVPool(
-        size=64,
-        page_size=16,
-        dtype=torch.bfloat16,
-        head_num=4,
-        head_dim=8,
-        idx_head_dim=16,
-        dense_layer_ids=[0],
-        sparse_layer_ids=[1, 2],
-        disable_value_sparse_layer_ids=[2],
-        start_layer=0,
-        end_layer=3,
-        **KW,
-    )
+    pool = minimax(size=64, k_only=True)
     with pytest.raises(HybridPoolError, match="index_k_pool \\(layers \\[2\\]\\) holds K without V"):
         adapt(pool)  # the K-only index has no exact layer-group registration (test_sglang_whole.py)
     view = adapt(pool, hybrid="attention_only")

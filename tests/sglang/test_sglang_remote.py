@@ -13,7 +13,8 @@ from flexkv_adapter.integrations.external_remote import ExternalRemote, External
 from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
 
 from . import flexkv_standin as fk
-from .connectors import OWN_MODULE, build, mha_pool
+from .connectors import OWN_MODULE, build
+from .pools import mha_pool
 
 NODE1 = {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:5000"}
 

@@ -15,11 +15,11 @@ from flexkv_adapter import adapt
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.hybrid import HybridPoolError
 
-from .test_sglang_hybrids import _hybrid_linear
+from .pools import hybrid_linear
 
 
 def test_attention_only_lists_the_dsa_childs_indexer():
-    pool = _hybrid_linear(True, dsa=True)
+    pool = hybrid_linear(True, dsa=True)
     index = [t for t in pool.full_kv_pool.index_k_with_scale_buffer if t.numel()]
     logging.disable(logging.WARNING)
     try:
@@ -34,4 +34,4 @@ def test_attention_only_lists_the_dsa_childs_indexer():
 
 def test_the_default_refusal_names_the_indexer():
     with pytest.raises(HybridPoolError, match="index_k_with_scale_buffer"):
-        adapt(_hybrid_linear(True, dsa=True))
+        adapt(hybrid_linear(True, dsa=True))

@@ -9,8 +9,9 @@ import os
 
 import pytest
 
+from .pools import dsa
 from .test_sglang_whole import CASES
-from .whole_pools import SRC, connector_dsa_call, dsa, roundtrip
+from .whole_pools import SRC, connector_dsa_call, roundtrip
 
 pytestmark = pytest.mark.skipif(not os.environ.get("FLEXKV_SRC"), reason="FLEXKV_SRC (a FlexKV source tree) not set")
 

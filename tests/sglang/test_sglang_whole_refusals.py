@@ -12,9 +12,9 @@ from flexkv_adapter.flexkv.plan import plan
 from flexkv_adapter.hybrid import HybridPoolError
 
 from ..multigroup_worker import Client, Worker
-from .test_sglang_pools import _hybrid_linear, _swa
+from .pools import KW, dsa, fp4, mamba_hybrid, minimax, mp, swa
 from .test_sglang_whole import CASES
-from .whole_pools import KW, SRC, connector_dsa_call, dsa, fp4, minimax, model_config, mp
+from .whole_pools import SRC, connector_dsa_call, model_config
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -43,7 +43,7 @@ def test_minimax_k_only_index_is_refused_and_attention_only_keeps_its_meaning():
 
 @pytest.mark.parametrize(
     ("factory", "lacks"),
-    [(_swa, "no SWA channel"), (_hybrid_linear, "no slot-addressed state channel")],
+    [(swa, "no SWA channel"), (mamba_hybrid, "no slot-addressed state channel")],
     ids=["swa", "mamba"],
 )
 def test_swa_and_mamba_hybrids_keep_refusing_naming_what_flexkv_lacks(factory, lacks):

@@ -20,70 +20,7 @@ from flexkv_adapter.flexkv.plan import plan
 
 from ..multigroup_worker import Client, Worker
 
-KW = {"device": "cpu", "enable_memory_saver": False}
 SRC, DST = [1, 2], [2, 0]  # page 2 is both a source and a destination: restores must not read what they wrote
-
-
-def mp() -> Any:
-    from sglang.srt.mem_cache import memory_pool
-
-    return memory_pool
-
-
-def fp4() -> Any:
-    return mp().MHATokenToKVPoolFP4(
-        size=48, page_size=16, dtype=torch.float4_e2m1fn_x2, head_num=4, head_dim=32, layer_num=2, **KW
-    )
-
-
-def mxfp8(page_size: int = 16) -> Any:
-    size = 256 if page_size == 128 else 48
-    return mp().MHATokenToKVPoolMXFP8(
-        size=size, page_size=page_size, dtype=torch.float8_e4m3fn, head_num=2, head_dim=32, layer_num=2, **KW
-    )
-
-
-def mla_fp4() -> Any:
-    return mp().MLATokenToKVPoolFP4(
-        size=48, page_size=16, dtype=torch.float4_e2m1fn_x2, kv_lora_rank=256, qk_rope_head_dim=64, layer_num=2, **KW
-    )
-
-
-def dsa(kpool: int = 1, skip: list[bool] | None = None, start_layer: int | None = None) -> Any:
-    page = 64 * kpool
-    layers = len(skip) if skip else 2
-    return mp().DSATokenToKVPool(
-        size=2 * page,
-        page_size=page,
-        kv_lora_rank=24,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=8,
-        layer_num=layers,
-        index_head_dim=128,
-        kv_cache_dim=32,
-        index_kpool=kpool,
-        skip_topk_layers=skip,
-        start_layer=start_layer,
-        end_layer=None if start_layer is None else start_layer + layers,
-        **KW,
-    )
-
-
-def minimax(k_only: bool = False) -> Any:
-    return mp().MiniMaxSparseKVPool(
-        size=48,
-        page_size=16,
-        dtype=torch.bfloat16,
-        head_num=4,
-        head_dim=8,
-        idx_head_dim=16,
-        dense_layer_ids=[0],
-        sparse_layer_ids=[1, 2],
-        disable_value_sparse_layer_ids=[2] if k_only else None,
-        start_layer=0,
-        end_layer=3,
-        **KW,
-    )
 
 
 def _layers(pool: Any) -> range:
