@@ -13,11 +13,11 @@ from .build import build_view
 from .bytebuf import apply_declared_shape
 from .carve import Planes, logical_views, rows_heads_dim, signature
 from .containers import Located
-from .errors import AdapterError, AmbiguousLayoutError, UnsupportedPoolError, describe
+from .errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
 from .labels import mapped_layer_ids, named_sub_pool_ids
 from .layout import Geometry, Interpretation
 from .options import AdaptOptions, resolve_geometry, validate_options
-from .probe import probe
+from .probe import probe, probe_path
 from .recognize import candidates, declared_axes, locate, mismatch, vllm_twin_of
 from .sources import Source, locate_source
 from .views import PoolView
@@ -80,7 +80,8 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     pool, given, structure = source.pool, source.options, source.structure
     if structure is not None:
         view = mapped_layer_ids(pool, structure, view, set(given))
-        groups = [*structure.side_groups, *hybrid.scale_groups(structure.primary, view.layer_ids)]
+        groups = [*structure.side_groups, *hybrid.plane_groups(structure.primary, view.layer_ids, "")]
+        _check_disjoint(pool, view, groups)
         return hybrid.apply_policy(view, pool, structure.family, groups, source.mode)
     if given.get("attrs"):
         view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
@@ -88,8 +89,29 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     if wrappers:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
         view = view.rebuild(report=replace(view.report, notes=(*view.report.notes, note + ", ".join(wrappers))))
-    groups = hybrid.scale_groups(pool, view.layer_ids)
+    groups = _named_planes(pool, given.get("attrs"), view.layer_ids)
     return hybrid.apply_policy(view, pool, view.report.recognizer, groups, source.mode)
+
+
+def _named_planes(pool: object, attrs: Any, layer_ids: list[int]) -> list[hybrid.SideGroup]:
+    """Scale planes beside the KV, and those of each sub-object ``attrs=`` reach into (``inner.kv_buffer``):
+    a child's scales or DSA indexer, which only that child shows, are listed, never left out unnamed."""
+    groups = hybrid.scale_groups(pool, layer_ids)
+    for owner in sorted({str(a).rpartition(".")[0] for a in attrs or ()} - {""}):
+        if (sub := probe_path(pool, owner)) is not None:
+            groups += hybrid.plane_groups(sub, layer_ids, f"{owner}.")
+    return groups
+
+
+def _check_disjoint(pool: object, view: PoolView, groups: list[hybrid.SideGroup]) -> None:
+    """SWA and Mamba layers are never attention layers: a label naming one was guessed (no id mapping)."""
+    other = {lid for g in groups if g.index_space in ("swa_token", "mamba_slot") for lid in g.layer_ids}
+    if clash := sorted(other & set(view.layer_ids)):
+        raise InconsistentLayersError(
+            f"{type(pool).__name__}: attention layers labelled {view.layer_ids} include {clash}, which are SWA or "
+            f"Mamba layers; the wrapper does not say where its attention layers sit (no layer id mapping, no "
+            f"model_layer_ids). Pass layer_ids=[...] with their model layer ids"
+        )
 
 
 def hybrid_markers(pool: object) -> list[str]:

@@ -20,12 +20,12 @@ This module detects; the layer metadata is read in :mod:`.hybrid_ids`, the polic
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .errors import InconsistentLayersError
-from .hybrid_ids import inverse, listed_ids, swa_ids
+from .hybrid_ids import id_map, inverse, listed_ids, swa_ids
 from .hybrid_policy import apply_policy, resolve_mode
 from .hybrid_types import HybridMode, HybridPoolError, HybridStructure, SideGroup
 from .planes import DERIVED, LAYER_METADATA, MAMBA_REASON, SCALE_PLANES, SWA_REASON
@@ -67,6 +67,24 @@ def scale_groups(pool: object, layer_ids: Sequence[int], prefix: str = "") -> li
         for name in SCALE_PLANES
         if (ts := _tensor_list(probe(pool, name)))
     ]
+
+
+INDEX_REASON = (
+    "the DSA indexer's keys, which the attention layers read to select KV; registering the wrapper's attention "
+    "sub-pool leaves them out"
+)
+
+
+def plane_groups(sub: object, layer_ids: Sequence[int], prefix: str) -> list[SideGroup]:
+    """A wrapper's sub-pool's own planes beside its KV (scales, a DSA indexer): the wrapper does not expose
+    them, so only the sub-pool shows they exist; listed, never left out unnamed."""
+    groups = scale_groups(sub, layer_ids, prefix)
+    index = _tensor_list(probe(sub, "index_k_with_scale_buffer"))
+    if index:
+        kept = [(lid, t) for lid, t in zip(layer_ids, index) if t.numel()] if len(index) == len(layer_ids) else []
+        tensors, ids = (tuple(t for _, t in kept), tuple(i for i, _ in kept)) if kept else (tuple(index), ())
+        groups.append(SideGroup(f"{prefix}index_k_with_scale_buffer", tensors, ids, "page", INDEX_REASON))
+    return groups
 
 
 def _mamba_groups(mamba: object) -> list[SideGroup]:
@@ -121,8 +139,8 @@ def wrapper_state(pool: object) -> list[SideGroup]:
 def detect(pool: object) -> HybridStructure | None:
     """The hybrid structure of ``pool``, or None if it is not a recognised wrapper."""
     full, swa = probe(pool, "full_kv_pool"), probe(pool, "swa_kv_pool")
-    mapping = probe(pool, "layers_mapping")
-    if full is not None and swa is not None and isinstance(mapping, Mapping):
+    mapping = id_map(pool, "layers_mapping") if full is not None and swa is not None else None
+    if full is not None and swa is not None and mapping is not None:
         full_ids, window_ids = swa_ids(pool, mapping)
         groups = [
             SideGroup(
@@ -134,18 +152,16 @@ def detect(pool: object) -> HybridStructure | None:
             )
             for plane, ts in _planes_of(swa).items()
         ]
-        groups += scale_groups(swa, window_ids, "swa.") + wrapper_state(pool)
+        groups += plane_groups(swa, window_ids, "swa.") + wrapper_state(pool)
         backing = tuple((g, "full_kv_pool", full) for g in full_ids) + tuple(
             (g, "swa_kv_pool", swa) for g in window_ids
         )
         return HybridStructure("sglang-swa", "full_kv_pool", full, full_ids, tuple(groups), backing)
-    id_map = probe(pool, "full_attention_layer_id_mapping")
+    full_map = id_map(pool, "full_attention_layer_id_mapping") if full is not None else None
     mamba = probe(pool, "mamba_pool")
-    if full is not None and (isinstance(id_map, Mapping) or mamba is not None):
+    if full is not None and (full_map is not None or mamba is not None):
         full_ids = (
-            inverse(pool, "full_attention_layer_id_mapping", id_map)
-            if isinstance(id_map, Mapping)
-            else listed_ids(full)
+            inverse(pool, "full_attention_layer_id_mapping", full_map) if full_map is not None else listed_ids(full)
         )
         groups = (_mamba_groups(mamba) if mamba is not None else []) + wrapper_state(pool)
         backing = tuple((g, "full_kv_pool", full) for g in full_ids)
@@ -160,8 +176,8 @@ def detect(pool: object) -> HybridStructure | None:
             sub = probe(pool, attr)
             if sub is None:
                 continue
-            sub_map = probe(pool, map_attr)
-            ids = inverse(pool, map_attr, sub_map) if isinstance(sub_map, Mapping) else listed_ids(sub)
+            sub_map = id_map(pool, map_attr)
+            ids = inverse(pool, map_attr, sub_map) if sub_map is not None else listed_ids(sub)
             planes = {
                 n.removesuffix("_buffer"): ts for n in ("k_buffer", "v_buffer") if (ts := _tensor_list(probe(sub, n)))
             }
@@ -198,4 +214,4 @@ def check_kind(pool: object, structure: HybridStructure, requested: str | None) 
 
 
 __all__ = ["HybridMode", "HybridPoolError", "HybridStructure", "SideGroup", "apply_policy", "check_kind", "detect"]
-__all__ += ["pool_kind", "resolve_mode", "scale_groups", "wrapper_state"]
+__all__ += ["plane_groups", "pool_kind", "resolve_mode", "scale_groups", "wrapper_state"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from .errors import InconsistentLayersError
+from .errors import AdapterError, InconsistentLayersError
 from .integers import LIMIT, bounded_integer, read_flag, read_integer_list
 from .probe import probe
 from .text import short_repr
@@ -36,6 +36,41 @@ def _enumerates(indices: Iterable[int]) -> bool:
     """The sub-pool indices are 0..n-1, each once: otherwise a layer would be labelled with another's id."""
     ordered = sorted(indices)
     return ordered == list(range(len(ordered)))
+
+
+def id_map(owner: object, attr: str) -> Mapping[object, object] | None:
+    """The wrapper's id mapping ``attr``, None if absent. One that is present but no mapping (a list of
+    pairs, a string) is malformed metadata, never skipped in favour of labels 0..n-1; so is one with two
+    readings (SGLang looks layers up with ``[]``, this module reads ``items()``): see :func:`_one_reading`."""
+    value = probe(owner, attr)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise bad_metadata(owner, attr, value, "a dict of global layer id -> index in its sub-pool")
+    _one_reading(owner, attr, value)
+    return value
+
+
+def _one_reading(owner: object, attr: str, mapping: Mapping[object, object]) -> None:
+    """items(), iteration with ``[]``, and a second read of the attribute give the same objects in order."""
+    try:
+        items = list(mapping.items())
+        looked_up = [(k, mapping[k]) for k in mapping]
+        again = probe(owner, attr)
+        again_items = list(again.items()) if isinstance(again, Mapping) else []
+    except AdapterError:
+        raise
+    except Exception as exc:  # a raising __iter__/__getitem__/items
+        raise bad_metadata(owner, attr, mapping, f"a mapping that reads without error ({type(exc).__name__})") from None
+    for other in (looked_up, again_items):
+        if len(other) != len(items) or any(a is not c or b is not d for (a, b), (c, d) in zip(items, other)):
+            raise bad_metadata(
+                owner,
+                attr,
+                mapping,
+                "one reading: the same entries through items(), through iteration and [] (SGLang's lookup), and "
+                "on every read of the attribute",
+            )
 
 
 def inverse(owner: object, attr: str, mapping: Mapping[object, object]) -> tuple[int, ...]:
@@ -77,4 +112,4 @@ def listed_ids(sub: object, attr: str = "model_layer_ids") -> tuple[int, ...]:
     return tuple(read)
 
 
-__all__ = ["bad_metadata", "inverse", "listed_ids", "swa_ids"]
+__all__ = ["bad_metadata", "id_map", "inverse", "listed_ids", "swa_ids"]

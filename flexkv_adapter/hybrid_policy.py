@@ -14,7 +14,7 @@ from dataclasses import replace
 from .copy_rules import alignment_problem, packing_problem
 from .errors import NotAddressableError, UnsupportedPoolError
 from .hybrid_types import HybridMode, HybridPoolError, SideGroup
-from .planes import PartialPoolError, WholePool, describe
+from .planes import PartialPoolError, WholePool, carried_planes, describe
 from .text import short_repr
 from .views import PoolView
 
@@ -37,7 +37,7 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
         whole = describe(pool, view)
     except PartialPoolError as exc:
         if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
-            return view
+            return _kv_alone(view, f"{', '.join(carried_planes(pool))} ({exc})")
         if not groups or resolve_mode(mode) != "attention_only":
             raise HybridPoolError(str(exc)) from exc
         whole = None  # a refused row: attention_only keeps its meaning
@@ -86,11 +86,21 @@ def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool,
             f"would restore prefixes without them. Drop hybrid= to offload it whole through FlexKV's layer groups"
         )
     if mode == "error":  # DSA: FlexKV's connectors read the indexer from the pool themselves
-        return view
+        return _kv_alone(view, what)
     _check_addressable(view, whole)
     logger.info("%s: %s", name, whole.describe())
     report = replace(view.report, source_kind=name, notes=(*view.report.notes, whole.describe()))
     return view.rebuild(source=pool, whole=whole, report=report)
+
+
+def _kv_alone(view: PoolView, left_out: str) -> PoolView:
+    """hybrid="error" on a pool with planes: the KV alone, for a connector that reads the rest itself. Its
+    report says so; plan() and register() refuse it (:func:`~flexkv_adapter.flexkv.groups.check_not_partial`)."""
+    note = (
+        f"hybrid='error': the KV alone; not included: {left_out}. FlexKV's SGLang connector reads that from the "
+        f"pool itself; plan() and register() refuse this view"
+    )
+    return view.rebuild(report=replace(view.report, notes=(*view.report.notes, note)))
 
 
 def _check_addressable(view: PoolView, whole: WholePool) -> None:

@@ -10,14 +10,14 @@ Recognised by attributes, never class names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import UnsupportedPoolError
-from .hybrid_ids import inverse
+from .hybrid_ids import id_map, inverse
 from .probe import probe, probe_int
 
 if TYPE_CHECKING:
@@ -188,19 +188,20 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     """MiniMax sparse attention: index_kv (K and V) shares the main pool's token locations."""
     planes: list[Plane] = []
     if (k_only := probe(pool, "index_k_pool")) is not None:
-        mapping = probe(pool, "index_k_layer_id_mapping")
-        layers = list(inverse(pool, "index_k_layer_id_mapping", mapping)) if isinstance(mapping, Mapping) else "?"
+        mapping = id_map(pool, "index_k_layer_id_mapping")
+        layers = list(inverse(pool, "index_k_layer_id_mapping", mapping)) if mapping is not None else "?"
         raise PartialPoolError(
             f"{type(pool).__name__}.index_k_pool (layers {layers})"
             f" holds K without V ({type(k_only).__name__}): FlexKV's layer groups under an MHA pool copy K and V "
             f"planes per layer (kv_dim=2 from group 0), so it has no exact registration; it is not offloaded "
             f"partially either. Build the pool without disable_value_sparse_layer_ids, or serve without FlexKV"
         )
-    sub, mapping = probe(pool, "index_kv_pool"), probe(pool, "index_kv_layer_id_mapping")
+    sub = probe(pool, "index_kv_pool")
     if sub is None:
         return planes
+    mapping = id_map(pool, "index_kv_layer_id_mapping")
     k, v = _tensors(probe(sub, "k_buffer")), _tensors(probe(sub, "v_buffer"))
-    if not (k and v and isinstance(mapping, Mapping)) or probe_int(sub, "page_size") != view.page_size:
+    if not (k and v and mapping is not None) or probe_int(sub, "page_size") != view.page_size:
         raise PartialPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
     ids = inverse(pool, "index_kv_layer_id_mapping", mapping)  # the one reading of a wrapper's id mapping
     kv_rows = _kv_rows(probe(pool, "main_pool"))
@@ -209,9 +210,14 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     return planes
 
 
+def carried_planes(pool: object) -> list[str]:
+    """The attributes :func:`describe` describes that ``pool`` has: a MiniMax main pool, a DSA indexer, scales."""
+    return [n for n in ("main_pool", "index_k_with_scale_buffer", *SCALE_PLANES) if probe(pool, n) is not None]
+
+
 def carries_planes(pool: object) -> bool:
-    """Whether :func:`describe` has anything to describe: a MiniMax main pool, a DSA indexer, scale planes."""
-    return any(probe(pool, n) is not None for n in ("main_pool", "index_k_with_scale_buffer", *SCALE_PLANES))
+    """Whether :func:`describe` has anything to describe."""
+    return bool(carried_planes(pool))
 
 
 def describe(pool: object, view: PoolView) -> WholePool | None:
@@ -270,4 +276,4 @@ def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: Po
         )
 
 
-__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carries_planes", "describe"]
+__all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carried_planes", "carries_planes", "describe"]

@@ -36,6 +36,7 @@ from pydantic_settings import (
 from .errors import SettingsError
 from .hosts import is_unspecified
 from .integers import decimal_text
+from .ipc_endpoint import server_recv_port
 from .strict import (
     COLLECTIVE_MAX_S,
     EnvNumbers,
@@ -58,8 +59,6 @@ Seconds = Annotated[PositiveFloat, Field(le=WAIT_MAX_S)]
 SecondsOrZero = Annotated[NonNegativeFloat, Field(le=WAIT_MAX_S)]
 ZmqSeconds = Annotated[PositiveFloat, Field(le=ZMQ_MS_MAX_S)]
 FAILED_VISIBLE_MAX_S = 60.0  # the engine polls every 0.5 s; longer only delays a failed remote's restart
-IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
-IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
 # Settings the kernel, ZMQ, getaddrinfo or importlib receive as strings: none may hold NUL.
 _PATH_FIELDS = ("server_recv_port", "ready_file", "lock_dir", "transfer_manager", "master_host", "health_host")
 _file_data: ContextVar[dict[str, Any] | None] = ContextVar("flexkv_adapter_file_data", default=None)
@@ -193,23 +192,8 @@ class AdapterSettings(BaseSettings):
     @field_validator("server_recv_port")
     @classmethod
     def _ipc_path_fits(cls, value: str) -> str:
-        """FlexKV binds ``<port>_gpu_register`` and ``<port>_gpu_register_control``; an ipc path must be
-        absolute (or abstract, ``@name``) and fit a unix socket address (107 bytes), or ZMQ meets it only
-        once the remote binds it, relative to whichever directory that process runs in."""
-        if value.startswith("ipc://"):
-            if not value[6:].startswith(("/", "@")):
-                raise ValueError(
-                    "is a relative ipc path: start_remote, the engine and FlexKV's server would each bind or "
-                    "connect it against their own working directory; give an absolute one, like "
-                    "ipc:///tmp/flexkv_server"
-                )
-            longest = len(f"{value[6:]}{IPC_SUFFIX}".encode())
-            if longest > IPC_PATH_MAX:
-                raise ValueError(
-                    f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
-                    f"most {IPC_PATH_MAX}: choose a shorter path"
-                )
-        return value
+        """The one check of an ipc endpoint FlexKV derives socket names from (:mod:`.ipc_endpoint`)."""
+        return server_recv_port(value)
 
     @field_validator("transfer_manager")
     @classmethod

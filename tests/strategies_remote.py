@@ -21,7 +21,8 @@ def relative_ipc_endpoints(draw: st.DrawFn) -> str:
 def absolute_ipc_endpoints(draw: st.DrawFn) -> str:
     """An absolute path or an abstract name (``@name``), both short enough for FlexKV's derived names."""
     start = draw(st.sampled_from(["/", "@", "/tmp/", "//"]))
-    return f"ipc://{start}{draw(_REST)}"
+    last = draw(_NAME.filter(lambda n: n not in (".", "..")))  # a socket's own name, not a directory's
+    return f"ipc://{start}{draw(_REST)}/{last}".replace("@/", "@", 1)
 
 
 def values_outside(low: float, high: float) -> st.SearchStrategy[object]:
@@ -32,3 +33,14 @@ def values_outside(low: float, high: float) -> st.SearchStrategy[object]:
         st.floats(min_value=high, exclude_min=True),
         st.sampled_from([float("nan"), float("inf"), float("-inf"), True, False, "soon", "", "1e400", "None"]),
     )
+
+
+@st.composite
+def ipc_endpoints_naming_no_socket(draw: st.DrawFn) -> str:
+    """Absolute ipc paths that name a directory (``ipc:///``, a trailing ``/``, a last ``.`` or ``..``) and the
+    empty abstract name ``ipc://@``: ZMQ refuses each only when FlexKV's server binds it (EADDRINUSE, EINVAL),
+    though FlexKV's derived ``<path>_gpu_register`` would bind."""
+    if draw(st.booleans()):
+        return "ipc://@"
+    last = draw(st.sampled_from(["", ".", ".."]))
+    return f"ipc://{draw(st.sampled_from(['/', '/tmp/', '//']))}{draw(_REST)}/{last}"

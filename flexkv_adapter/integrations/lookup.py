@@ -4,7 +4,8 @@ A resolver that does not answer (a dead DNS server, an unreachable search domain
 engine past ``remote_wait_s`` in a lookup of ``health_host`` or of the master's name. Here the
 lookup runs in a daemon thread and the caller waits at most its budget. One lookup per name and
 port is in flight at a time: a resolver that never answers costs one thread per name, not one per
-poll, and a late answer serves whoever waits on it then. IP literals never reach the resolver.
+poll, and at most ``MAX_IN_FLIGHT`` threads in all; a late answer serves whoever waits on it then. IP
+literals never reach the resolver.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import socket
 import threading
 from typing import Any
 
+MAX_IN_FLIGHT = 32  # names looked up at once; some come from start_remote's answers, not from settings
 AddrInfo = tuple[Any, ...]  # (family, type, proto, canonname, sockaddr), as socket.getaddrinfo returns
 
 
@@ -60,8 +62,14 @@ def getaddrinfo(host: str, port: int | None, timeout_s: float) -> list[AddrInfo]
     with _lock:
         lookup = _pending.get((host, port))
         if lookup is None:
-            lookup = _pending[(host, port)] = _Lookup(host, port)
-            threading.Thread(target=lookup.run, name=f"lookup {host[:40]}", daemon=True).start()
+            if len(_pending) >= MAX_IN_FLIGHT:  # a resolver that answers none: no thread per further name
+                raise LookupTimedOut(f"looking up {host!r}: {len(_pending)} lookups already wait on the resolver")
+            lookup = _Lookup(host, port)
+            try:
+                threading.Thread(target=lookup.run, name=f"lookup {host[:40]}", daemon=True).start()
+            except RuntimeError as exc:  # out of threads: nothing is left pending for this name
+                raise LookupTimedOut(f"looking up {host!r}: no thread to run it ({exc})") from None
+            _pending[(host, port)] = lookup
     if not lookup.done.wait(max(0.0, timeout_s)):
         raise LookupTimedOut(f"looking up {host!r} timed out: the resolver did not answer within {timeout_s:.3g} s")
     if lookup.error is not None:
@@ -69,4 +77,4 @@ def getaddrinfo(host: str, port: int | None, timeout_s: float) -> list[AddrInfo]
     return lookup.found
 
 
-__all__ = ["AddrInfo", "LookupTimedOut", "getaddrinfo"]
+__all__ = ["MAX_IN_FLIGHT", "AddrInfo", "LookupTimedOut", "getaddrinfo"]

@@ -19,7 +19,7 @@ import torch
 from ..copy_rules import shard_problem
 from ..errors import AdapterError, InconsistentLayersError
 from ..flexkv.checks import shared_kv_mode
-from ..hybrid import detect, pool_kind, scale_groups
+from ..hybrid import detect, plane_groups, pool_kind, scale_groups
 from ..layout import ViewKind
 from ..views import PoolView
 
@@ -277,9 +277,9 @@ def check_view(view: PoolView, facts: ConnectorFacts, page_size: int) -> None:
 def left_out(pool: object) -> list[str]:
     """What FlexKV's connector would not receive: hybrid side state and quantisation scale planes."""
     structure = detect(pool)
-    primary = structure.primary if structure is not None else pool
-    groups = [*(structure.side_groups if structure is not None else ()), *scale_groups(primary, ())]
-    return [g.describe() for g in groups]
+    if structure is None:
+        return [g.describe() for g in scale_groups(pool, ())]
+    return [g.describe() for g in (*structure.side_groups, *plane_groups(structure.primary, (), ""))]
 
 
 def hybrid_message(pool: object, facts: ConnectorFacts, hybrid_setting: str) -> str:

@@ -47,8 +47,9 @@ MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.SETTINGS: (
         "invalid settings, command line or `--config` file (the line names the key, value and source): also "
         "a NUL, newline or other control character or an unencodable one in a path, address or name, a "
-        "`lock_dir` or `ready_file` that is empty, relative or over PATH_MAX/NAME_MAX, an ipc "
-        "`server_recv_port` that is relative or too long for a unix socket, "
+        "`lock_dir` or `ready_file` that is empty, relative or over PATH_MAX/NAME_MAX, a "
+        "`server_recv_port` that is not ipc://, relative, names a directory or an empty abstract name, or is too "
+        "long for a unix socket, "
         "a duration its consumer cannot take "
         "(`probe_interval_s` and `master_lost_s` at most 2147483.647 s, ZMQ's 32-bit milliseconds; "
         "`failed_visible_s` at most 60 s; others at most 1e9 s), a `transfer_manager` that is not "

@@ -103,7 +103,10 @@ def test_a_view_read_by_attrs_from_a_wrapper_of_a_dsa_pool_is_refused(sglang_env
 
     sglang_env.use("serving")
     sglang_env.load()
-    view = adapt(_Holder(mp().DSATokenToKVPool(**DSA_ARGS)), attrs="inner.kv_buffer", kind="mla")
+    holder = _Holder(mp().DSATokenToKVPool(**DSA_ARGS))
+    with pytest.raises(AdapterError, match="inner.index_k_with_scale_buffer"):  # adapt names the indexer it leaves
+        adapt(holder, attrs="inner.kv_buffer", kind="mla")
+    view = adapt(holder, attrs="inner.kv_buffer", kind="mla", hybrid="attention_only")  # the KV alone, asked for
     with pytest.raises(AdapterError, match="DSATokenToKVPool has a DSA/NSA indexer"):
         build(view, models["deepseek"], module=OWN, page_size=64)
     assert not fk.calls("register_to_server")
