@@ -7,6 +7,8 @@ refused at load.
 
 from __future__ import annotations
 
+import os
+
 IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 IPC_SUFFIX = "_gpu_register_control"  # the longest name FlexKV derives from server_recv_port
 
@@ -36,7 +38,20 @@ def server_recv_port(value: str) -> str:
             f"the ipc path plus FlexKV's '{IPC_SUFFIX}' is {longest} bytes; a unix socket path holds at "
             f"most {IPC_PATH_MAX}: choose a shorter path"
         )
+    return same_as_flexkvs(value)
+
+
+def same_as_flexkvs(value: str) -> str:
+    """FlexKV reads ``FLEXKV_SERVER_RECV_PORT`` itself (``GLOBAL_CONFIG_FROM_ENV``, at import), in this
+    process and the processes it starts: a different value from an argument, our own variable or the
+    YAML file would be checked here, used for our messages and clean-up, and never by FlexKV."""
+    flexkvs = os.environ.get("FLEXKV_SERVER_RECV_PORT")
+    if flexkvs is not None and flexkvs != value:
+        raise ValueError(
+            f"differs from FLEXKV_SERVER_RECV_PORT={flexkvs!r}, which FlexKV reads itself: this value would be "
+            f"validated but never used by FlexKV. Set one value (make them equal, or unset one)"
+        )
     return value
 
 
-__all__ = ["IPC_PATH_MAX", "IPC_SUFFIX", "server_recv_port"]
+__all__ = ["IPC_PATH_MAX", "IPC_SUFFIX", "same_as_flexkvs", "server_recv_port"]
