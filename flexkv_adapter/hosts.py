@@ -45,3 +45,17 @@ def classify_host(host: str) -> HostKind:
     if address.is_private or address.is_link_local:
         return "private"
     return "public"
+
+
+def resolvable_name(host: str) -> str:
+    """The resolver takes a host name as IDNA (Python's socket encodes it so): an empty or over-long
+    label (``a..b``, 64 letters) or a lone surrogate fails there on every attempt, which a waiting engine
+    would see only when its deadline ran out. Refused at load instead."""
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise ValueError(
+            f"is not a host name the resolver can take ({exc.__cause__ or exc}); give an IP address or a "
+            f"DNS name (labels of 1 to 63 characters)"
+        ) from None
+    return host

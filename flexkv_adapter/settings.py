@@ -34,7 +34,7 @@ from pydantic_settings import (
 )
 
 from .errors import SettingsError
-from .hosts import is_unspecified
+from .hosts import is_unspecified, resolvable_name
 from .integers import decimal_text
 from .ipc_endpoint import server_recv_port
 from .strict import (
@@ -164,6 +164,11 @@ class AdapterSettings(BaseSettings):
 
     # vLLM plugin: the longest reset_cache() waits for FlexKV transfers in flight before FlexKV's reset.
     reset_wait_s: Seconds = 30.0
+
+    @field_validator("master_host", "health_host")
+    @classmethod
+    def _a_name_to_resolve(cls, value: str | None) -> str | None:
+        return None if value is None else resolvable_name(value)
 
     @field_validator("master_host")
     @classmethod
