@@ -145,9 +145,10 @@ def addresses(value: object) -> tuple[object, ...]:
 
 
 def read_again(pool: Mapping[Any, object]) -> object:
-    """A mapping's entries read a second time, by key (its items() gave the first read); None if that fails."""
+    """A mapping's entries read a second time, by key (its items() gave the first read); None if that fails.
+    The keys are items()' own, in its order, so the reads compare name by name (keys() may list another order)."""
     try:
-        return {k: pool[k] for k in list(pool.keys())}
+        return {k: pool[k] for k, _ in list(pool.items())}
     except Exception:  # a mapping whose keys() or [] raise: copy_problem reports new memory
         return None
 
