@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -141,6 +142,15 @@ def _tensors_of(value: object, order: tuple[int, ...] | None) -> list[object]:
 def addresses(value: object) -> tuple[object, ...]:
     """The data pointers of the tensors a value holds (a tensor, a list/tuple or a dict of them)."""
     return tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in _tensors_of(value, None))
+
+
+def read_again(pool: Mapping[Any, object]) -> object:
+    """A mapping's entries read a second time, by key (its items() gave the first read); None if that fails.
+    The keys are items()' own, in its order, so the reads compare name by name (keys() may list another order)."""
+    try:
+        return {k: pool[k] for k, _ in list(pool.items())}
+    except Exception:  # a mapping whose keys() or [] raise: copy_problem reports new memory
+        return None
 
 
 def copy_problem(first: Container, value: object, again: object) -> str | None:

@@ -29,6 +29,7 @@ from .containers import (
     locate_sequence,
     make_container,
     pairing_problem,
+    read_again,
 )
 from .errors import AdapterError, NotAddressableError
 from .layout import Geometry, Interpretation, Plane, ViewKind
@@ -98,7 +99,7 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
         return ([Located("flat-tensor", (c,), BOTH)], []) if isinstance(c, Container) else ([], [c])
     elif isinstance(pool, Mapping):
         c = make_container(SELF, pool)
-        if isinstance(c, Container) and (why := copy_problem(c, pool, _read_again(pool))):  # identity, as attributes
+        if isinstance(c, Container) and (why := copy_problem(c, pool, read_again(pool))):  # identity, as attributes
             raise NotAddressableError(f"{type(pool).__name__}: {why}")
         return ([Located("vllm-dict", (c,), BOTH)], []) if isinstance(c, Container) else ([], [c])
     elif isinstance(pool, (list, tuple)):
@@ -127,14 +128,6 @@ def locate(pool: object, attrs: Sequence[str] | None = None) -> tuple[list[Locat
     if absent:
         declined.append(f"none of these attributes is present (or they are None): {', '.join(absent)}")
     return found, declined
-
-
-def _read_again(pool: Mapping[object, object]) -> object:
-    """A mapping's entries read a second time, by key (its items() gave the first read); None if that fails."""
-    try:
-        return {k: pool[k] for k in list(pool.keys())}
-    except Exception:  # a mapping whose keys() or [] raise: copy_problem reports new memory
-        return None
 
 
 # Readings tried when no axes are declared. Per-layer readings apply to sequences, whole-pool

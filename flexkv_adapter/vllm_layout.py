@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from math import prod
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from .containers import layer_index_from_name
+from .containers import SELF, Container, copy_problem, layer_index_from_name, make_container, read_again
 from .errors import (
     AdapterError,
     AmbiguousLayoutError,
@@ -209,6 +209,18 @@ def resolve_kind(kind: ViewKind | None, heads: int, tp_size: int | None, where: 
     return "mla"  # one rank, one head: both readings register the same bytes with num_kv_heads=1
 
 
+def _checked_read(kv_caches: Mapping[str, torch.Tensor], where: str) -> Mapping[str, torch.Tensor]:
+    """The dict read by key, proven the memory its items() showed (the geometry's read): the read-twice rule
+    of :func:`~flexkv_adapter.recognize.locate`, so plan() never registers what a copying ``[]`` hands out."""
+    again = read_again(kv_caches)
+    first = make_container(SELF, kv_caches)
+    if isinstance(first, Container) and (why := copy_problem(first, kv_caches, again)):
+        raise NotAddressableError(f"{where}: {type(kv_caches).__name__}: {why}")
+    if not isinstance(again, Mapping):
+        raise NotAddressableError(f"{where}: {type(kv_caches).__name__}: reading its entries by key failed")
+    return cast("Mapping[str, torch.Tensor]", again)  # the tensors copy_problem compared
+
+
 def vllm_form(
     kv_caches: Mapping[str, torch.Tensor],
     *,
@@ -246,7 +258,8 @@ def vllm_form(
         raise NotAddressableError(
             f"{where}: {g.blocks} kernel blocks of {g.tokens} tokens do not group into manager blocks of {tokens}"
         )
-    views = [kv_caches[n] for n in g.names]
+    read = _checked_read(kv_caches, where)
+    views = [read[n] for n in g.names]
     if g.heads > 1 and g.tokens > 1 and not views[0].permute(0, 2, 1, 3)[0].is_contiguous():
         raise NotAddressableError(
             f"{where}: {describe(views[0])}: a block's [tokens, heads, C] cells are head-major or "

@@ -10,6 +10,7 @@ kilobytes instead of gigabytes.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, cast
@@ -20,6 +21,7 @@ from yaml.error import MarkedYAMLError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .errors import AdapterError
+from .strict import number_text
 from .text import clip, short_repr
 
 MAX_BYTES = 256 << 10  # settings and specs are a few kilobytes; 256 KiB parse in about 0.1 s
@@ -78,6 +80,26 @@ class BoundedLoader(yaml.SafeLoader):
         self._weight[id(node)] = weight
         self._count(1)
         return node
+
+
+def _number_scalar(kind: str) -> Any:
+    """A YAML number is text a person wrote, read by the environment's rule (:func:`.strict.number_text`):
+    YAML 1.1 read ``020`` as 16 where the environment reads 20, and ``1_6``, ``0x10``, ``1:00`` as numbers the
+    environment refuses; such text stays text, for the typed rule to refuse."""
+
+    def construct(loader: yaml.SafeLoader, node: Node) -> object:
+        return number_text(str(loader.construct_scalar(node)), kind)  # type: ignore[arg-type]
+
+    return construct
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", _number_scalar("int"))
+BoundedLoader.add_constructor("tag:yaml.org,2002:float", _number_scalar("float"))
+# YAML 1.1 wants a point and a signed exponent ("1e3", "1.5e1" stayed strings); the environment reads 1e3 as 1000.0
+EXPONENT_FLOAT = re.compile(
+    r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"
+)  # a writer that wants "1e3" kept text must quote it
+BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+.0123456789"))  # type: ignore[no-untyped-call]
 
 
 def shown(path: object) -> str:

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from flexkv_adapter import AdapterError, adapt, load_settings
 from flexkv_adapter.align import align_block_counts
 from flexkv_adapter.flexkv import plan
+from flexkv_adapter.yamlfile import EXPONENT_FLOAT
 
 from .strategies_integers import ROWS, durations, env_texts, hostile_integers
 from .test_vllm_layout import views
@@ -46,10 +47,17 @@ def _yaml_plain(value: object) -> bool:
     return type(value) in (int, float, str, bool)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes the strings the adapter's loader reads as numbers ("1e3"), as YAML 1.1's dumper does not."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+.0123456789"))
+
+
 def _file(data: dict[str, Any]) -> str:
     fd, path = tempfile.mkstemp(suffix=".yaml", prefix="ways-")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(data, f)
+        yaml.dump(data, f, Dumper=_Dumper)
     return path
 
 

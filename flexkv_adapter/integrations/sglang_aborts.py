@@ -12,16 +12,25 @@ the node, as for a request that was not aborted.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
+from ..errors import AdapterError
+
+# What the hook reads; FlexKVRadixCache.__init__ must set both (the bridge refuses to serve otherwise).
+STORE_LOCKS = ("_inflight_store_nodes", "_node_lock")
 RELEASE_ABORTED = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache.FlexKVRadixCache.release_aborted_request"
 
 
 def release_aborted_request(original: Any, self: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
     """SGLang's abort cleanup (held lookup, prefetch, load marker), but not the lock of a store still copying."""
-    nodes, lock = getattr(self, "_inflight_store_nodes", None), getattr(self, "_node_lock", None)
-    if not isinstance(nodes, dict) or lock is None:
-        return original(self, handle, *args, **kwargs)
+    nodes, lock = (getattr(self, name, None) for name in STORE_LOCKS)  # type: Any, Any
+    if not isinstance(nodes, MutableMapping) or not hasattr(lock, "__enter__"):  # never SGLang's release instead
+        raise AdapterError(
+            f"flexkv_adapter (SGLang plugin): {type(self).__name__}.{STORE_LOCKS[0]} is {type(nodes).__name__}, "
+            f"{STORE_LOCKS[1]} {type(lock).__name__}: the abort hook cannot keep an in-flight FlexKV store's slots "
+            "locked, and releasing them would let FlexKV store another request's bytes under this prefix"
+        )
     with lock:
         node = nodes.pop(handle, None)
     try:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import AdapterError
 from ..settings import load_settings
+from .sglang_aborts import STORE_LOCKS
 from .sglang_checks import installed_flexkv_api, skew_error
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 
@@ -41,6 +42,7 @@ RADIX_HOOKS = (
     ("flexkv_adapter.integrations.sglang_aborts", ("release_aborted_request",), "an aborted request's slots could "
      "be reused while FlexKV still stores them", False),
 )  # fmt: skip
+LOCKLESS = "the abort hook could keep no in-flight store's lock"
 WORKING_FLEXKV = (
     "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
     "connector (flexkv.integration.sglang.connector, bridged by this plugin)"
@@ -139,13 +141,17 @@ def missing_radix_hooks() -> list[str]:
     serves on), each with what goes wrong without it."""
     shared = load_settings().sglang_namespaced_requests == "shared"
     radix = importlib.import_module(RADIX_MODULE).FlexKVRadixCache
+    init = getattr(inspect.unwrap(radix.__init__), "__code__", None)
+    unset = [n for n in STORE_LOCKS if n not in getattr(init, "co_names", ())]  # what the abort hook reads
     return [
         f"FlexKVRadixCache.{m} ({harm})"
         for module, methods, harm, optional in RADIX_HOOKS
         if not (optional and shared)
         for m in methods
         if not _hooked_by(getattr(radix, m, None), module)
-    ]
+    ] + [f"FlexKVRadixCache.release_aborted_request (its __init__ sets no {' or '.join(unset)}: {LOCKLESS})"] * bool(
+        unset
+    )
 
 
 def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
