@@ -64,9 +64,10 @@ def test_reset_or_odd_health_requests_are_answered_without_a_traceback(capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_a_health_host_that_cannot_be_encoded_exits_9(tmp_path):
+def test_a_health_host_that_cannot_be_encoded_exits_2_at_load(tmp_path):
+    """Refused with the settings (exit 2), before any lock or port: the resolver could never take it."""
     code, line = startup(tmp_path, health_port=free_ports(1)[0], health_host="a" * 70 + ".example")
-    assert code == ExitCode.HEALTH_ENDPOINT and "health endpoint cannot listen" in line, line
+    assert code == ExitCode.SETTINGS and "health_host" in line and "resolver can take" in line, line
 
 
 def test_binding_the_health_endpoint_makes_no_dns_lookup(monkeypatch):
