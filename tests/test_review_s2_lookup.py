@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from flexkv_adapter.integrations import lookup
+from flexkv_adapter import lookup
 
 _names = itertools.count()
 
