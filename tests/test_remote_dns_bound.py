@@ -86,7 +86,6 @@ def test_a_master_lookup_that_never_answers_ends_start_remote_with_exit_10_by_co
     remotes = {n: _start(tmp_path / f"after{n}", n, CONNECT_S) for n in range(4)}
     since = {n: _hanging_since(mark, remote) for n, (remote, mark) in remotes.items()}
     for n, (remote, _) in remotes.items():
-        remote.children = sorted(set(remote.children))
         code, err = _finish(remote, CONNECT_S + GRACE_S + SLACK_S - (time.monotonic() - since[n]))
         took = time.monotonic() - since[n]
         assert code == 10, f"lookup #{n + 1} hanging: exit {code} after {took:.1f} s\n{err}"
@@ -106,7 +105,8 @@ def test_a_stop_signal_during_a_lookup_that_never_answers_exits_0_within_grace(t
         started = time.monotonic()
         remote.proc.send_signal(signal.SIGTERM)
         code, err = _finish(remote, GRACE_S + SLACK_S)
-        assert code == 0, f"lookup #{n + 1} hanging: exit {code} {time.monotonic() - started:.1f} s after SIGTERM\n{err}"
+        took = time.monotonic() - started
+        assert code == 0, f"lookup #{n + 1} hanging: exit {code} {took:.1f} s after SIGTERM\n{err}"
         assert time.monotonic() - started <= GRACE_S + SLACK_S
         assert "stopped before connecting to the master" in err and " ERROR " not in err
         assert remote.orphans() == []
