@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+from flexkv_adapter.remote.children import descendants
 from tests.remote_harness import ROOT, Remote
 
 HANG = "master.hangs-in-the-resolver.test"
@@ -65,6 +66,7 @@ def _hanging_since(mark: Path, remote: Remote, timeout: float = 60) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if mark.exists() and "hanging" in mark.read_text():
+            remote.children = descendants(remote.proc.pid)  # checked for orphans after the exit
             return time.monotonic()
         assert remote.proc.poll() is None, remote.finish()
         time.sleep(0.02)
