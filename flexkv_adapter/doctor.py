@@ -11,11 +11,13 @@ from typing import Any, Literal
 
 import torch
 
+from . import lookup
 from .errors import FLEXKV_INSTALL_HINT, SettingsError
 from .hosts import classify_host
 from .settings import AdapterSettings, config_file_in_use, load_settings, setting_sources
 
 Status = Literal["ok", "warn", "error"]
+LOOKUP_S = 5.0  # a resolver that does not answer must not hang a diagnosis
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,18 @@ def settings_checks(s: AdapterSettings) -> list[Check]:
         if not s.master_host:
             checks.append(Check("master_host", "error", f"unset while nnodes={s.nnodes}; set FLEXKV_MASTER_HOST"))
         else:
-            kind = classify_host(s.master_host)
+            kind: str
+            try:
+                kind = classify_host(s.master_host, LOOKUP_S)
+            except lookup.LookupTimedOut as exc:
+                kind = "timed out"
+                checks.append(
+                    Check(
+                        "master_host",
+                        "error",
+                        f"{s.master_host} did not resolve within {LOOKUP_S:g} s ({exc}); check this node's resolver",
+                    )
+                )
             if kind == "loopback" and not s.allow_loopback_master:
                 checks.append(
                     Check(
@@ -69,7 +82,7 @@ def settings_checks(s: AdapterSettings) -> list[Check]:
                         f"what arrives on its ports: keep them on a trusted network",
                     )
                 )
-            else:
+            elif kind != "timed out":
                 checks.append(Check("master_host", "ok", f"{s.master_host} ({kind})"))
     total, tp = s.total_kv_heads, s.tp_size
     if total is not None:

@@ -1,10 +1,13 @@
-"""Classify a master address: loopback, private, public, unspecified or unresolved (system resolver)."""
+"""Classify a master address: loopback, private, public, unspecified or unresolved (system resolver,
+within a bound: see :mod:`flexkv_adapter.lookup`)."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
 from typing import Literal
+
+from . import lookup
 
 HostKind = Literal["loopback", "private", "public", "unspecified", "unresolved"]
 
@@ -30,14 +33,28 @@ def is_unspecified(host: str) -> bool:
     return address is not None and address.is_unspecified
 
 
-def classify_host(host: str) -> HostKind:
-    """What kind of address ``host`` is; names are resolved with the system resolver."""
+def ipv4_address(host: str, timeout_s: float) -> str | None:
+    """``host``'s first IPv4 address (what ``gethostbyname`` and FlexKV's ZMQ use), None if it has none
+    or does not exist. :class:`lookup.LookupTimedOut` if the resolver does not answer within
+    ``timeout_s`` or fails for now (EAI_AGAIN): that is not a judgement on the name."""
+    try:
+        found = lookup.getaddrinfo(host, None, timeout_s)
+    except (OSError, UnicodeError, ValueError) as exc:
+        if lookup.transient(exc):
+            raise lookup.LookupTimedOut(f"looking up {host!r} failed for now ({exc})") from None
+        return None
+    return next((str(info[4][0]) for info in found if info[0] == socket.AF_INET), None)
+
+
+def classify_host(host: str, timeout_s: float) -> HostKind:
+    """What kind of address ``host`` is; names are looked up within ``timeout_s`` (else
+    :class:`lookup.LookupTimedOut`)."""
     address = _literal(host)
     if address is None:
-        try:
-            address = ipaddress.ip_address(socket.gethostbyname(host))
-        except (OSError, ValueError, UnicodeError):
+        found = ipv4_address(host, timeout_s)
+        if found is None:
             return "unresolved"
+        address = ipaddress.ip_address(found)
     if address.is_unspecified:
         return "unspecified"
     if address.is_loopback:

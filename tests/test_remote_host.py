@@ -319,7 +319,14 @@ def test_a_master_name_that_resolves_to_the_wildcard_address_is_refused(monkeypa
     from flexkv_adapter.remote.exit_codes import RemoteExit
     from flexkv_adapter.settings import load_settings
 
-    monkeypatch.setattr(socket, "gethostbyname", lambda host: "0.0.0.0")
+    real = socket.getaddrinfo
+
+    def wildcard(host, port, *args, **kwargs):  # numeric lookups as the real resolver
+        if host != "node0.example":
+            return real(host, port, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("0.0.0.0", port or 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", wildcard)
     settings = load_settings(nnodes=2, node_rank=1, master_host="node0.example")
     with pytest.raises(RemoteExit) as raised:
         preflight.validate(settings)

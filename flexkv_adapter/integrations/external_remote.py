@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .. import lookup
 from ..errors import AdapterError
 from ..pids import alive
 from ..settings import AdapterSettings
 from ..text import clip
-from . import health_probe, lookup
+from . import health_probe
 
 logger = logging.getLogger(__name__)
 
@@ -262,11 +263,14 @@ _resolved: dict[str, frozenset[str]] = {}  # once per name: the master is compar
 
 def _addresses(host: str, budget_s: float) -> frozenset[str]:
     """The name's addresses (none for a name that does not resolve); :class:`lookup.LookupTimedOut`
-    when the resolver does not answer within ``budget_s``, which is not remembered."""
+    when the resolver does not answer within ``budget_s``. Neither that nor a transient failure
+    (EAI_AGAIN) is remembered: the next poll asks again, so a resolver that recovers is heard."""
     if host not in _resolved:
         try:
             found = frozenset(str(info[4][0]) for info in lookup.getaddrinfo(host, None, budget_s))
-        except (OSError, UnicodeError, ValueError):
+        except (OSError, UnicodeError, ValueError) as exc:
+            if lookup.transient(exc):
+                return frozenset()  # not judged on this poll
             found = frozenset()
         if len(_resolved) >= 16:
             _resolved.clear()

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar, cast
 
 from ..errors import SettingsError
+from ..lookup import LookupTimedOut
 from ..settings import AdapterSettings, load_settings
 from ..strict import number_kind, number_text
 from .children import end_children, reap_descendants
@@ -20,7 +21,14 @@ from .exit_codes import ExitCode, RemoteExit, exit_table
 from .health import HealthServer
 from .lock import InstanceLock, prepare_lock_dir
 from .output import flush_all, guard_streams
-from .preflight import StopRequested, apply_gpu_visibility, load_transfer_manager, validate, wait_for_master
+from .preflight import (
+    StopRequested,
+    apply_gpu_visibility,
+    load_transfer_manager,
+    unresolved_master,
+    validate,
+    wait_for_master,
+)
 from .spawns import classify_spawns
 from .states import ReadyFile, State, StateTracker
 from .supervisor import Signals, Supervisor
@@ -126,8 +134,9 @@ def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
 
 
 def _unless_stopped(step: Callable[[], T], signals: Signals) -> T:
-    """Run a step that can block for long (DNS, importing FlexKV and torch) in a thread, so a stop
-    signal ends start-up within grace_s; the abandoned thread ends with the process (os._exit)."""
+    """Run a step that can block for long (a name lookup, bounded by connect_timeout_s; importing FlexKV
+    and torch) in a thread, so a stop signal ends start-up within grace_s; the abandoned thread ends
+    with the process (os._exit)."""
     outcome: list[Any] = []
 
     def run() -> None:
@@ -167,15 +176,17 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         visibility = apply_gpu_visibility(s.keep_cuda_visible_devices)
         tm_class = _unless_stopped(lambda: load_transfer_manager(s.transfer_manager), signals)
         assert s.master_host is not None
-        lock = InstanceLock(lock_dir, s.master_host, s.master_ports)
+        host, ports, lookup_s = s.master_host, s.master_ports, s.connect_timeout_s
+        lock = _unless_stopped(lambda: InstanceLock(lock_dir, host, ports, lookup_s), signals)  # looks host up
         lock.acquire()
-        _refuse_spawns(s)
+        _unless_stopped(lambda: _refuse_spawns(s), signals)
         if ready_file is not None:
             ready_file.claim()  # under the lock: another live remote's file is refused, a dead one's removed
         tracker = StateTracker({"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, ready_file)
         signals.describe = tracker.snapshot
         if s.health_port:
-            health = HealthServer(tracker, s.health_host, s.health_port)
+            health_port = s.health_port
+            health = _unless_stopped(lambda: HealthServer(tracker, s.health_host, health_port, lookup_s), signals)
             health.start()
         logger.debug("plan: %s", plan(s, visibility, lock))
         wait_for_master(s, signals.wait)
@@ -183,7 +194,9 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     except StopRequested:
         logger.info("stopped before connecting to the master")
         code = ExitCode.OK
-    except RemoteExit as exc:
+    except (RemoteExit, LookupTimedOut) as exc:
+        if isinstance(exc, LookupTimedOut):  # a later lookup of the master (lock, spawns, dry run)
+            exc = unresolved_master(s, exc)
         logger.error("%s", exc)
         code = exc.code
         if tracker is not None:
@@ -204,7 +217,7 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
 
 def _refuse_spawns(s: AdapterSettings) -> None:
     assert s.master_host is not None
-    refused, others = classify_spawns(s.master_host, s.master_ports)
+    refused, others = classify_spawns(s.master_host, s.master_ports, s.connect_timeout_s)
     for spawn in others:
         logger.warning("FlexKV's engine spawned a remote for another master on this node: %s", spawn.describe())
     if refused:

@@ -14,6 +14,7 @@ import socket
 import sys
 from typing import Any
 
+from .. import lookup
 from ..errors import FLEXKV_INSTALL_HINT
 from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
@@ -26,10 +27,15 @@ from .states import ReadyFile
 logger = logging.getLogger("flexkv_adapter.remote")
 
 
-def _in_use(host: str, port: int) -> bool:
-    """Something accepts on ``host:port`` (checked by connecting, never by binding)."""
+def _in_use(host: str, port: int, lookup_s: float) -> bool:
+    """Something accepts on ``host:port`` (checked by connecting, never by binding); the name is looked
+    up within ``lookup_s`` (``lookup.LookupTimedOut``)."""
+    target = host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
     try:
-        with socket.create_connection((host if host not in ("0.0.0.0", "", "::") else "127.0.0.1", port), 0.5):
+        family, kind, proto, _, sockaddr = lookup.getaddrinfo(target, port, lookup_s)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(0.5)
+            sock.connect(sockaddr)
             return True
     except (OSError, UnicodeError, ValueError):
         return False
@@ -48,15 +54,18 @@ def _warnings(s: AdapterSettings, lock: InstanceLock, ready_file: ReadyFile | No
     holder = lock.holder()
     if holder is not None:
         found.append(f"a real start would exit 6: start_remote pid {holder} holds the lock of this master")
-    refused, others = classify_spawns(s.master_host, s.master_ports)
+    refused, others = classify_spawns(s.master_host, s.master_ports, s.connect_timeout_s)
     for spawn in refused:
         found.append(f"a real start would exit 6: FlexKV's engine spawned a remote, {spawn.describe()}")
     for spawn in others:
         found.append(f"FlexKV's engine spawned a remote for another master, {spawn.describe()}")
     if ready_file is not None and (pid := ready_file.in_use_by()) is not None:
         found.append(f"a real start would exit 8: ready_file {ready_file.path} belongs to running pid {pid}")
-    if s.health_port and _in_use(s.health_host, s.health_port):
-        found.append(f"a real start would exit 9: {s.health_host}:{s.health_port} already accepts connections")
+    try:
+        if s.health_port and _in_use(s.health_host, s.health_port, s.connect_timeout_s):
+            found.append(f"a real start would exit 9: {s.health_host}:{s.health_port} already accepts connections")
+    except lookup.LookupTimedOut as exc:
+        found.append(f"a real start would exit 9: health_host {s.health_host}: {exc}")
     failed = unreachable_ports(s.master_host, s.master_ports, timeout=min(1.0, s.connect_timeout_s))
     if failed:
         why = ", ".join(f"{p}: {r}" for p, r in failed.items())
@@ -98,7 +107,7 @@ def dry_run(s: AdapterSettings) -> ExitCode:
     if ready_file is not None:
         ready_file.check()
     visibility = apply_gpu_visibility(s.keep_cuda_visible_devices, apply=False)
-    lock = InstanceLock(lock_dir, s.master_host, s.master_ports)
+    lock = InstanceLock(lock_dir, s.master_host, s.master_ports, s.connect_timeout_s)
     warnings = _warnings(s, lock, ready_file)
     for warning in warnings:
         logger.warning("dry run: %s", warning)

@@ -84,7 +84,11 @@ MEANINGS: dict[ExitCode, tuple[str, str]] = {
         "the health endpoint cannot listen (port in use, address not available, a host name that cannot be encoded)",
         "yes",
     ),
-    ExitCode.MASTER_UNREACHABLE: ("the master's ports did not accept TCP within `connect_timeout_s`", "yes"),
+    ExitCode.MASTER_UNREACHABLE: (
+        "the master's ports did not accept TCP within `connect_timeout_s`, or its name did not resolve within "
+        "it (the resolver did not answer, or failed for now)",
+        "yes",
+    ),
     ExitCode.HANDSHAKE_TIMEOUT: (
         "no config from the master within `handshake_timeout_s` (FlexKV sends it once)",
         "after node 0",

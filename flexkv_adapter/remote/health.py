@@ -19,6 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .. import lookup
 from .exit_codes import ExitCode, RemoteExit
 from .states import State, StateTracker
 
@@ -90,7 +91,10 @@ class _BoundedServer(ThreadingHTTPServer):
 
 
 class HealthServer:
-    def __init__(self, tracker: StateTracker, host: str, port: int) -> None:
+    def __init__(self, tracker: StateTracker, host: str, port: int, lookup_s: float = 5.0) -> None:
+        """``host`` is looked up once, within ``lookup_s``, and the address bound (``bind`` would look it up
+        again, with no bound)."""
+
         class Handler(BaseHTTPRequestHandler):
             timeout = CONNECTION_TIMEOUT_S
 
@@ -111,9 +115,9 @@ class HealthServer:
                 logger.debug("health: " + format, *args)
 
         try:
-            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-            self._server = _BoundedServer((host, port), Handler, family)
-        except (OSError, UnicodeError, ValueError) as exc:  # a label over 63 bytes fails to encode
+            family, _, _, _, sockaddr = lookup.getaddrinfo(host, port, lookup_s)[0]
+            self._server = _BoundedServer((str(sockaddr[0]), port), Handler, family)
+        except (OSError, UnicodeError, ValueError, lookup.LookupTimedOut) as exc:  # a label over 63 bytes
             raise RemoteExit(
                 ExitCode.HEALTH_ENDPOINT,
                 f"health endpoint cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc}); "

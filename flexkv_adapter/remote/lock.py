@@ -19,6 +19,7 @@ import struct
 import threading
 from pathlib import Path
 
+from ..hosts import ipv4_address
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)
@@ -76,15 +77,14 @@ def prepare_lock_dir(configured: Path | None, create: bool = True) -> Path:
     return configured
 
 
-def lock_key(host: str, ports: tuple[int, int, int]) -> str:
-    """The master's resolved IPv4 address (what ZMQ connects to) and ports, however it is spelled."""
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        try:
-            address = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
-        except (OSError, IndexError):
-            address = host
+LOOKUP_S = 5.0  # start_remote passes connect_timeout_s
+
+
+def lock_key(host: str, ports: tuple[int, int, int], lookup_s: float = LOOKUP_S) -> str:
+    """The master's resolved IPv4 address (what ZMQ connects to) and ports, however it is spelled; the
+    name is looked up within ``lookup_s`` (else ``lookup.LookupTimedOut``: a guessed key could let two
+    remotes serve one master)."""
+    address = ipv4_address(host, lookup_s) or host
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in address)
     return f"flexkv-remote-{safe}-{'-'.join(map(str, ports))}.lock"
 
@@ -130,8 +130,8 @@ class InstanceLock:
     socket, so remotes started with different lock directories (a unit without ``XDG_RUNTIME_DIR``
     and a login shell with one) still exclude each other."""
 
-    def __init__(self, lock_dir: Path, host: str, ports: tuple[int, int, int]) -> None:
-        self.path = lock_dir / lock_key(host, ports)
+    def __init__(self, lock_dir: Path, host: str, ports: tuple[int, int, int], lookup_s: float = LOOKUP_S) -> None:
+        self.path = lock_dir / lock_key(host, ports, lookup_s)
         self._fd: int | None = None
         self._socket: socket.socket | None = None
         self._prober: threading.Thread | None = None

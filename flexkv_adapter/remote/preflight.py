@@ -11,8 +11,9 @@ import socket
 import time
 from collections.abc import Callable
 
+from .. import lookup
 from ..errors import FLEXKV_INSTALL_HINT
-from ..hosts import classify_host
+from ..hosts import classify_host, ipv4_address
 from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
 
@@ -41,7 +42,7 @@ def validate(s: AdapterSettings) -> None:
             f"(tcp://host:port without zmq.IPV6), so neither node 0's master nor this remote could use it; "
             f"set node 0's IPv4 address or a name that resolves to it",
         )
-    kind = classify_host(s.master_host)
+    kind = _master_kind(s)
     if kind == "unresolved":
         raise RemoteExit(ExitCode.SETTINGS, f"master_host {s.master_host!r} does not resolve")
     if kind == "unspecified":  # a name resolving to 0.0.0.0 (blocklist /etc/hosts); literals fail at load
@@ -62,6 +63,23 @@ def validate(s: AdapterSettings) -> None:
             s.master_host,
             s.master_ports,
         )
+
+
+def unresolved_master(s: AdapterSettings, exc: lookup.LookupTimedOut) -> RemoteExit:
+    """A resolver that does not answer is not a wrong setting: exit 10, as a master that does not answer."""
+    return RemoteExit(
+        ExitCode.MASTER_UNREACHABLE,
+        f"master_host {s.master_host!r} did not resolve within connect_timeout_s={s.connect_timeout_s:g} s "
+        f"({exc}); fix this node's resolver or give node 0's IP address",
+    )
+
+
+def _master_kind(s: AdapterSettings) -> str:
+    assert s.master_host is not None
+    try:
+        return classify_host(s.master_host, s.connect_timeout_s)
+    except lookup.LookupTimedOut as exc:
+        raise unresolved_master(s, exc) from None
 
 
 def _ipv6_literal(host: str) -> bool:
@@ -127,11 +145,18 @@ def _not_a_transfer_manager(cls: type) -> str:
 
 
 def unreachable_ports(host: str, ports: tuple[int, ...], timeout: float = 1.0) -> dict[int, str]:
-    """Ports of ``host`` that do not accept a TCP connection, with the reason."""
+    """Ports of ``host`` that do not accept a TCP connection, with the reason. The name is looked up
+    once, within ``timeout`` (``create_connection`` would look it up per port, with no bound)."""
+    try:
+        address = ipv4_address(host, timeout)
+    except lookup.LookupTimedOut as exc:
+        return dict.fromkeys(ports, str(exc))
+    if address is None:
+        return dict.fromkeys(ports, f"{host} has no IPv4 address now")
     failed = {}
     for port in ports:
         try:
-            with socket.create_connection((host, port), timeout=timeout):
+            with socket.create_connection((address, port), timeout=timeout):
                 pass
         except OSError as exc:
             failed[port] = exc.strerror or type(exc).__name__

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lock import flexkv_spawned_remotes, is_flexkv_spawn
+from .. import lookup
+from .lock import LOOKUP_S, flexkv_spawned_remotes, is_flexkv_spawn
 
 _LISTEN = "0A"
 
@@ -88,16 +88,22 @@ def _still_a_spawn(pid: int) -> bool:
     return is_flexkv_spawn(argv)
 
 
-def master_addresses(host: str) -> set[str]:
+def master_addresses(host: str, lookup_s: float = LOOKUP_S) -> set[str]:
+    """The master's addresses, looked up within ``lookup_s``: ``lookup.LookupTimedOut`` past it or for
+    a transient failure (a spawn of this master would pass as another master's)."""
     try:
-        return {str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
-    except (OSError, UnicodeError):
+        return {str(info[4][0]) for info in lookup.getaddrinfo(host, None, lookup_s)}
+    except (OSError, UnicodeError, ValueError) as exc:
+        if lookup.transient(exc):
+            raise lookup.LookupTimedOut(f"looking up {host!r} failed for now ({exc})") from None
         return {host}
 
 
-def classify_spawns(host: str, ports: tuple[int, int, int]) -> tuple[list[Spawn], list[Spawn]]:
+def classify_spawns(
+    host: str, ports: tuple[int, int, int], lookup_s: float = LOOKUP_S
+) -> tuple[list[Spawn], list[Spawn]]:
     """FlexKV-spawned remotes on this machine: (refused: same or unknown master, others)."""
-    addresses = master_addresses(host)
+    addresses = master_addresses(host, lookup_s)
     refused: list[Spawn] = []
     others: list[Spawn] = []
     for spawn in map(spawn_of, flexkv_spawned_remotes()):
