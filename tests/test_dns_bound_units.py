@@ -19,6 +19,8 @@ from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import StateTracker
 from flexkv_adapter.settings import load_settings
 
+from .bounded_call import outcome_within
+
 _names = itertools.count()
 BOUND_S = 20.0  # generous: without the bound the call never returns at all
 PORTS = (5556, 5557, 5558)
@@ -53,20 +55,7 @@ def resolver(monkeypatch):
 
 
 def _outcome(call):
-    """What ``call`` returned or raised, or an AssertionError if it outlives BOUND_S."""
-    result: list[object] = []
-
-    def run() -> None:
-        try:
-            result.append(call())
-        except BaseException as exc:
-            result.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(BOUND_S)
-    assert not worker.is_alive(), f"still blocked after {BOUND_S} s: the lookup has no bound"
-    return result[0]
+    return outcome_within(call, BOUND_S, "the lookup has no bound")
 
 
 def test_doctor_reports_a_master_that_did_not_resolve_within_its_bound(resolver, monkeypatch):

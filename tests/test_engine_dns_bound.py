@@ -16,6 +16,8 @@ from flexkv_adapter.integrations.external_remote import ExternalRemote, External
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
+from .bounded_call import outcome_within
+
 PORTS = ("5556", "5557", "5558")
 _names = itertools.count()
 BOUND_S = 20.0  # generous: without the bound the call never returns at all
@@ -45,20 +47,7 @@ def resolver(monkeypatch):
 
 
 def _outcome(call):
-    """Run ``call`` in a thread; what it returned or raised, or an AssertionError if it outlives BOUND_S."""
-    result: list[object] = []
-
-    def run() -> None:
-        try:
-            result.append(call())
-        except BaseException as exc:
-            result.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(BOUND_S)
-    assert not worker.is_alive(), f"still blocked after {BOUND_S} s: the lookup has no deadline"
-    return result[0]
+    return outcome_within(call, BOUND_S, "the lookup has no deadline")
 
 
 def _serve(master: str):

@@ -26,6 +26,8 @@ from flexkv_adapter.integrations.external_remote import (
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
+from .bounded_call import in_thread
+
 PORTS = ("5556", "5557", "5558")
 
 
@@ -178,22 +180,6 @@ def test_the_local_endpoint_is_not_asked_through_a_proxy(health, monkeypatch):
     assert isinstance(_wait(health_port=port, remote_absent_s=2), ExternalRemote)
 
 
-def _in_thread(fn, limit_s: float):
-    """Run ``fn`` with a wall-clock limit; returns (finished, result or exception)."""
-    out: list = []
-
-    def run():
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            out.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(limit_s)
-    return not worker.is_alive(), out[0] if out else None
-
-
 def test_a_health_port_that_streams_forever_does_not_hang_the_engine():
     """Another service on health_port (an event stream, a mis-set port) must not block past remote_wait_s."""
     stop = threading.Event()
@@ -217,7 +203,7 @@ def test_a_health_port_that_streams_forever_does_not_hang_the_engine():
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        done, result = _in_thread(
+        done, result = in_thread(
             lambda: _wait(health_port=server.server_address[1], remote_absent_s=0.5, remote_wait_s=1), 10
         )
     finally:
@@ -233,7 +219,7 @@ def test_a_ready_file_that_is_a_fifo_does_not_hang_the_engine(tmp_path):
     fifo = tmp_path / "remote.ready"
     os.mkfifo(fifo)
     try:
-        done, result = _in_thread(lambda: _wait(ready_file=str(fifo), remote_absent_s=0.2, remote_wait_s=0.5), 5)
+        done, result = in_thread(lambda: _wait(ready_file=str(fifo), remote_absent_s=0.2, remote_wait_s=0.5), 5)
     finally:
         with contextlib.suppress(OSError):  # release a reader blocked in open()
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
