@@ -7,8 +7,6 @@ Each rule of the builder is shown to run for a vLLM dict by replacing it with on
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,7 +14,6 @@ from hypothesis import strategies as st
 
 import flexkv_adapter.build as build
 from flexkv_adapter import (
-    AdapterError,
     AmbiguousLayoutError,
     InconsistentLayersError,
     NotAddressableError,
@@ -29,21 +26,8 @@ from flexkv_adapter.vllm_layout import LAYOUTS, vllm_form, vllm_twin
 
 from .helpers import SGLangLikeMHAPool
 from .strategies_vllm import CopyingMapping, layer_views, vllm_033_dicts
-
-
-def _facts(view: Any) -> dict[int, tuple[object, ...]]:
-    """Per layer id: address, shape, strides, dtype and bytes of the exposed tensor."""
-    return {
-        layer: (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.contiguous().view(torch.uint8).numpy().tobytes())
-        for layer, t in zip(view.layer_ids, view.kv_buffer)
-    }
-
-
-def _outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return "accepted", call()
-    except AdapterError as exc:
-        return "refused", exc
+from .view_facts import accepted_or_refused as _outcome
+from .view_facts import view_facts as _facts
 
 
 @settings(max_examples=80, deadline=None)

@@ -5,29 +5,14 @@ one refuses, so does the other. Both go through one builder (flexkv_adapter.buil
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import torch
 
-from flexkv_adapter import AdapterError, adapt
+from flexkv_adapter import adapt
 from flexkv_adapter.vllm_layout import vllm_form
 
+from ..view_facts import accepted_or_refused as _outcome
+from ..view_facts import view_facts as _facts
 from .build import CASES, LAYOUTS, allocate
-
-
-def _facts(view: Any) -> dict[int, tuple[object, ...]]:
-    return {
-        layer: (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.contiguous().view(torch.uint8).numpy().tobytes())
-        for layer, t in zip(view.layer_ids, view.kv_buffer)
-    }
-
-
-def _outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return "accepted", call()
-    except AdapterError as exc:
-        return "refused", exc
 
 
 @pytest.mark.parametrize("sharing", [False, True])
