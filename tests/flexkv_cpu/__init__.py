@@ -1,0 +1,1 @@
+"""FlexKV's compiled and CUDA parts on CPU, the only FlexKV code the tests replace (listed in README.md here)."""
