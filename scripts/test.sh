@@ -4,9 +4,26 @@
 # tier (vLLM 0.33's own KV cache allocation and connector, in .venv-vllm; SKIP_VLLM_TIER=1 skips it).
 # Arguments go to the main suite's pytest. Every step runs even when one fails; the last lines sum
 # up each step and the total, and the exit status is 1 when any step failed.
+# --quick (first argument): a first look in a few minutes: ruff, mypy and the main suite with the
+# dev hypothesis profile (200 examples), no engine tiers. CI runs the whole command, without it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+    QUICK=1
+    shift
+    export HYPOTHESIS_PROFILE=dev SKIP_SGLANG_TIER=1 SKIP_VLLM_TIER=1 SKIP_E2E_TIER=1
+fi
 bash scripts/setup.sh || exit 1
+# FlexKV's own Python for the tests (tests/flexkv_source.py: FLEXKV_SOURCE, an installed flexkv, or
+# ../shared/flexkv-34ab141); exported so that every tier uses the same one.
+if ! FOUND=$(.venv/bin/python -m tests.flexkv_source); then
+    echo "test.sh: FLEXKV_SOURCE is set to something that is not a FlexKV source tree (see above)" >&2
+    exit 1
+fi
+eval "$(printf '%s\n' "$FOUND" | head -1)"
+export FLEXKV_SOURCE
+FLEXKV_LINE=$(printf '%s\n' "$FOUND" | sed -n '2s/^# //p')
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 SUMMARY=()
@@ -50,6 +67,8 @@ tier vllm SKIP_VLLM_TIER
 
 echo
 echo "== summary"
+printf '%-12s %s\n' flexkv "$FLEXKV_LINE"
+[ "$QUICK" = 0 ] || printf '%-12s %s\n' quick "--quick: dev hypothesis profile, engine tiers not run (CI runs the full command)"
 printf '%s\n' "${SUMMARY[@]}"
 count() { printf '%s\n' "${SUMMARY[@]}" | grep -oE "[0-9]+ $1" | awk '{s += $1} END {print s + 0}'; }
 total="$(count passed) passed, $(count failed) failed, $(count 'errors?') errors, $(count skipped) skipped"
