@@ -18,6 +18,7 @@ from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)
+PORT_CONNECT_S = 1.0  # one port's TCP connect (and the name lookup) per poll, at most
 
 
 class StopRequested(Exception):
@@ -144,19 +145,33 @@ def _not_a_transfer_manager(cls: type) -> str:
     return f"its constructor takes no {' or '.join(lacking)}" if lacking else ""
 
 
-def unreachable_ports(host: str, ports: tuple[int, ...], timeout: float = 1.0) -> dict[int, str]:
+def unreachable_ports(
+    host: str, ports: tuple[int, ...], timeout: float = 1.0, within_s: float | None = None
+) -> dict[int, str]:
     """Ports of ``host`` that do not accept a TCP connection, with the reason. The name is looked up
-    once, within ``timeout`` (``create_connection`` would look it up per port, with no bound)."""
+    once (``create_connection`` would look it up per port, with no bound). Each step waits at most
+    ``timeout`` and, with ``within_s``, the whole call at most ``within_s``: against a master that
+    drops packets every step would otherwise wait its full ``timeout``, past the caller's deadline;
+    a port there is no time left for is reported untried."""
+    end = time.monotonic() + (within_s if within_s is not None else float("inf"))
+
+    def left() -> float:
+        return min(timeout, end - time.monotonic())
+
     try:
-        address = ipv4_address(host, timeout)
+        address = ipv4_address(host, max(0.0, left()))
     except lookup.LookupTimedOut as exc:
         return dict.fromkeys(ports, str(exc))
     if address is None:
         return dict.fromkeys(ports, f"{host} has no IPv4 address now")
     failed = {}
     for port in ports:
+        budget = left()
+        if budget <= 0:
+            failed[port] = f"not tried: the {within_s:g} s left ran out"
+            continue
         try:
-            with socket.create_connection((address, port), timeout=timeout):
+            with socket.create_connection((address, port), timeout=budget):
                 pass
         except OSError as exc:
             failed[port] = exc.strerror or type(exc).__name__
@@ -167,20 +182,24 @@ def wait_for_master(s: AdapterSettings, should_stop: Callable[[float], bool]) ->
     """Wait, with exponential backoff, until the master's three ports accept TCP connections.
 
     ZMQ connects never fail, so without this a wrong address would just hang. ``should_stop``
-    sleeps up to the given seconds and returns True if a signal asked us to stop.
+    sleeps up to the given seconds and returns True if a signal asked us to stop. No poll runs past
+    ``connect_timeout_s`` (each port's connect and the name lookup get at most what is left), so a
+    master that silently drops packets ends in exit 10 on time, not up to a poll later.
     """
     assert s.master_host is not None
     start, delay = time.monotonic(), 0.1
+    deadline = start + s.connect_timeout_s
     if should_stop(0):
         raise StopRequested
     while True:
-        elapsed = time.monotonic() - start
-        failed = unreachable_ports(s.master_host, s.master_ports, timeout=min(1.0, s.connect_timeout_s))
+        left = deadline - time.monotonic()
+        failed = unreachable_ports(s.master_host, s.master_ports, PORT_CONNECT_S, within_s=max(0.0, left))
         if not failed:
             logger.info("master %s ports %s accept connections", s.master_host, s.master_ports)
             return
         why = ", ".join(f"{p}: {r}" for p, r in failed.items())
-        remaining = s.connect_timeout_s - (time.monotonic() - start)
+        now = time.monotonic()  # after the poll, which can take up to PORT_CONNECT_S per port
+        remaining = deadline - now
         if remaining <= 0:
             raise RemoteExit(
                 ExitCode.MASTER_UNREACHABLE,
@@ -193,7 +212,7 @@ def wait_for_master(s: AdapterSettings, should_stop: Callable[[float], bool]) ->
             s.master_host,
             why,
             wait,
-            elapsed,
+            now - start,
             s.connect_timeout_s,
         )
         if should_stop(wait):
