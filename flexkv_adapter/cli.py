@@ -20,10 +20,14 @@ Python API: `from flexkv_adapter import adapt, plan, register`."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import demo_rows, table
+    from .demo import demo_rows, ignored_line, library_defaults, table
 
-    rows, ok = demo_rows(quiet=args.verbose == 0)
-    print(json.dumps({"ok": ok, "pools": rows}, indent=2) if args.json else table(rows))
+    with library_defaults() as ignored:
+        rows, ok = demo_rows(quiet=args.verbose == 0)
+    if args.json:
+        print(json.dumps({"ok": ok, "ignored_settings": ignored, "pools": rows}, indent=2))
+    else:
+        print(table(rows) + (f"\n\n{ignored_line(ignored)}" if ignored else ""))
     if not ok:
         bad = next(r for r in rows if not r["ok"])
         print(f"error: {bad['source']}: expected {bad['expected']}, got {bad['outcome']}", file=sys.stderr)

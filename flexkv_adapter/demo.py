@@ -7,6 +7,7 @@ under the table (full text, ``Fix:`` lines included) instead of as log lines tha
 from __future__ import annotations
 
 import logging
+import os
 import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -45,6 +46,31 @@ def _captured(quiet: bool) -> Iterator[_Capture]:
     finally:
         logger.removeHandler(capture)
         logger.propagate = propagate
+
+
+@contextmanager
+def library_defaults() -> Iterator[list[str]]:
+    """Set the user's ``FLEXKV_ADAPTER_*`` variables (config file included) aside while the demo runs.
+
+    The demo shows what the library does with its own samples; a ``hybrid`` opt-in or a broken
+    config file of the user's would change the rows it expects. Yields the names it ignored.
+    """
+    from .settings import ENV_PREFIX
+
+    saved = {k: v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
+    for name in saved:
+        del os.environ[name]
+    try:
+        yield sorted(saved)
+    finally:
+        os.environ.update(saved)
+
+
+def ignored_line(ignored: Sequence[str]) -> str:
+    """What the demo says about the settings it set aside (empty when there were none)."""
+    if not ignored:
+        return ""
+    return f"The demo ran with the library's defaults; it ignored {', '.join(ignored)} from the environment."
 
 
 def demo_rows(quiet: bool = True) -> tuple[list[dict[str, Any]], bool]:

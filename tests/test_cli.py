@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -95,3 +96,27 @@ def test_start_remote_is_reached_with_or_without_a_leading_v(argv):
     code = f"from flexkv_adapter.cli import main; main({argv!r})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage: flexkv-adapter start-remote"), done.stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"FLEXKV_ADAPTER_HYBRID": "attention_only"}, {"FLEXKV_ADAPTER_CONFIG": "/nonexistent/flexkv.yaml"}],
+)
+def test_the_demo_shows_the_library_defaults_whatever_the_environment_holds(env, monkeypatch, capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["ignored_settings"] == sorted(env)
+    assert main(["demo"]) == 0
+    text = capsys.readouterr().out
+    assert text.rstrip().splitlines()[-1].startswith("The demo ran with the library's defaults; it ignored")
+    assert all(name in text for name in env)
+    assert {name: os.environ[name] for name in env} == env  # set back afterwards
+
+
+def test_the_demo_without_settings_says_nothing_about_them(monkeypatch, capsys):
+    for name in [k for k in os.environ if k.startswith("FLEXKV_ADAPTER_")]:
+        monkeypatch.delenv(name)
+    assert main(["demo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ignored_settings"] == []
