@@ -100,3 +100,8 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazily imported names too: ``dir(flexkv_adapter)`` lists the whole public API."""
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,5 @@
+"""``python -m flexkv_adapter``: the ``flexkv-adapter`` command, for environments without its console script."""
+
+from .cli import main
+
+raise SystemExit(main())
