@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from . import lookup
+from .doctor_engines import engine_rows
 from .errors import FLEXKV_INSTALL_HINT, SettingsError
 from .hosts import classify_host
 from .settings import AdapterSettings, config_file_in_use, load_settings, setting_sources
@@ -117,6 +118,7 @@ def run_doctor(config_file: str | Path | None = None, require_flexkv: bool = Fal
         _import_check("flexkv", "flexkv.common.storage", "needed by to_flexkv()/register()", require_flexkv, hint)
     )
     checks.append(_import_check("flexkv.c_ext", "flexkv.c_ext", "needed by start-remote", require_flexkv))
+    checks += [Check(*row) for row in engine_rows()]
     settings: dict[str, Any] = {}
     try:
         path = config_file_in_use(config_file)
