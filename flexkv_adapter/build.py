@@ -18,12 +18,12 @@ from .carve import (
     check_consistent,
     check_flexkv_alignment,
     flat_views,
-    overlapping_layers,
     reinterpret,
     trim_rows,
 )
 from .containers import Located
 from .errors import AdapterError, describe
+from .gate import Group, admit
 from .labels import layer_ids_of
 from .layout import Geometry, Interpretation
 from .probe import probe
@@ -40,7 +40,7 @@ RULES = (
     "check_flexkv_alignment",
     "aliased_bytes",
     "layer_ids_of",
-    "overlapping_layers",
+    "admit",
 )
 
 
@@ -95,7 +95,8 @@ def build_view(pool: object, located: Located, interp: Interpretation, logical: 
         raise AdapterError(f"internal error: {copied} bytes of the views do not alias the pool; please report")
     count = len(first_list := next(iter(planes.values())))
     layer_ids = layer_ids_of(pool, located, count, geometry)
-    warnings = overlapping_layers(planes)
+    where = f"{type(pool).__name__}.{'/'.join(attrs)}"
+    warnings = admit(where, [Group(plane, tuple(views), tuple(layer_ids)) for plane, views in planes.items()])
     logical_dtype = None if isinstance(pool, torch.Tensor) else probe(pool, "dtype")
     stored = first_list[0]
     if isinstance(logical_dtype, torch.dtype) and logical_dtype.itemsize != stored.element_size():

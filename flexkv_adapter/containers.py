@@ -153,23 +153,35 @@ def read_again(pool: Mapping[Any, object]) -> object:
         return None
 
 
+def _memory(t: torch.Tensor) -> tuple[object, ...]:
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def same_memory(first: Sequence[torch.Tensor], second: object) -> bool:
+    """Whether a second read (a tensor, or a list/tuple of them) holds the first read's memory, tensor by tensor:
+    compared by storage, offset, shape and strides, never by object identity (a getter may refill the same list
+    object with copies, or return new views of the same memory)."""
+    try:
+        items = list(second) if isinstance(second, (list, tuple)) else [second]
+        return len(items) == len(first) and all(
+            isinstance(b, torch.Tensor) and _memory(a) == _memory(b) for a, b in zip(first, items)
+        )
+    except Exception:  # a second read that is not even a container of tensors
+        return False
+
+
 def copy_problem(first: Container, value: object, again: object) -> str | None:
     """Why a second read of an attribute shows it is not the pool's memory (a getter that copies), or None.
 
     A property returning ``.clone()``, or ``.contiguous()`` of a non-contiguous tensor, gives new memory on
-    every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool.
+    every read: a view of it aliases a temporary, so FlexKV's writes would never reach the pool. The second
+    read is compared by memory even when it is the same object as the first (a list refilled in place).
     """
-    if again is value:  # a plain attribute (or a getter returning one object): the same memory, if still there
-        return _still_there(first)
     try:
-        second = _tensors_of(again, first.dict_order)
-        same = len(second) == len(first.tensors) and all(
-            isinstance(b, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
-            for a, b in zip(first.tensors, second)
-        )
+        second: object = _tensors_of(again, first.dict_order)
     except Exception:  # a second read that is not even a container of tensors
-        same = False
-    if same:
+        second = None
+    if same_memory(first.tensors, second):
         return _still_there(first)
     return (
         f"{first.attr} gives new memory on every read (two reads returned tensors at different addresses): "

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .copy_rules import alignment_problem, packing_problem
-from .errors import NotAddressableError, UnsupportedPoolError
+from .errors import UnsupportedPoolError
+from .gate import admit
 from .hybrid_types import HybridMode, HybridPoolError, SideGroup
 from .planes import PartialPoolError, WholePool, carried_planes, describe
 from .text import short_repr
@@ -87,7 +87,7 @@ def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool,
         )
     if mode == "error":  # DSA: FlexKV's connectors read the indexer from the pool themselves
         return _kv_alone(view, what)
-    _check_addressable(view, whole)
+    admit(repr(view), whole.groups(view), blocks=view.num_blocks, page=view.page_size)  # the group rules, no tp
     logger.info("%s: %s", name, whole.describe())
     report = replace(view.report, source_kind=name, notes=(*view.report.notes, whole.describe()))
     return view.rebuild(source=pool, whole=whole, report=report)
@@ -101,21 +101,6 @@ def _kv_alone(view: PoolView, left_out: str) -> PoolView:
         f"pool itself; plan() and register() refuse this view"
     )
     return view.rebuild(report=replace(view.report, notes=(*view.report.notes, note)))
-
-
-def _check_addressable(view: PoolView, whole: WholePool) -> None:
-    """The copy rules that need no tp (plan() checks them again per group, with tp): a whole view that FlexKV
-    would misread is refused here, as plan() refuses it, not handed out."""
-    first = view.tensors()[0]
-    kv_chunk = view.page_size * first[0].numel() * first.element_size()
-    packed = [("KV", len(view.layer_ids), kv_chunk)]
-    packed += [(p.name, len(p.layer_ids), p.chunk_bytes(view.page_size)) for p in whole.planes]
-    problem = packing_problem(packed, 2 if view.kind == "mha" else 1)
-    for plane in whole.planes:
-        chunk = plane.chunk_bytes(view.page_size)
-        problem = problem or next((p for t in plane.tensors if (p := alignment_problem(chunk, t.data_ptr()))), None)
-    if problem:
-        raise NotAddressableError(f"{view!r}: {problem}")
 
 
 __all__ = ["apply_policy", "resolve_mode"]

@@ -10,14 +10,17 @@ Recognised by attributes, never class names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import UnsupportedPoolError
+from .errors import InconsistentLayersError
+from .gate import Group, admit
 from .hybrid_ids import id_map, inverse
+from .integers import LIMIT, bounded_integer, read_flag
+from .planes_state import PartialPoolError, check_accounted
 from .probe import probe, probe_int
 
 if TYPE_CHECKING:
@@ -26,7 +29,17 @@ if TYPE_CHECKING:
 # Tables SGLang derives from the planes (pointer and stride arrays for its kernels): not state.
 DERIVED = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides", "kv_data_ptrs"})
 # Layer ids (read as ids by hybrid_ids/labels; numpy or tensor ids are metadata there, not page-indexed state).
-LAYER_METADATA = frozenset({"model_layer_ids", "mamba_layer_ids"})
+LAYER_METADATA = frozenset(
+    {
+        "model_layer_ids",
+        "mamba_layer_ids",
+        "layers_mapping",
+        "full_attention_layer_id_mapping",
+        "index_kv_layer_id_mapping",
+        "index_k_layer_id_mapping",
+        "sparse_layer_id_mapping",
+    }
+)
 # The KV planes every view already registers, and the planes described here.
 PRIMARY = frozenset({"k_buffer", "v_buffer", "kv_buffer"})
 SCALE_PLANES = ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer")
@@ -36,10 +49,6 @@ SWA_REASON = (
     "registration has no SWA channel (only DeepSeek-V4's) and snapshots one page per node, not a window"
 )
 MAMBA_REASON = "linear-attention state, one row per request slot; FlexKV has no slot-addressed state channel"
-
-
-class PartialPoolError(UnsupportedPoolError):
-    """Part of the pool cannot be registered with the KV's page ids: FlexKV could store only the rest."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,12 @@ class Plane:
         """Bytes of one (layer, kv, page) chunk of this plane, as FlexKV's group of it copies them."""
         return page_size // self.compress_ratio * self.num_heads * self.head_size * self.dtype.itemsize
 
+    def group(self, page_size: int) -> Group:
+        """This plane as the gate checks a registered layer group."""
+        per_layer, chunk = 2 if self.kv else 1, self.chunk_bytes(page_size)
+        group = Group(self.name, self.tensors, self.layer_ids, per_layer, chunk_bytes=chunk)
+        return replace(group, rows_per_block=self.rows_per_block, compress_ratio=self.compress_ratio)
+
 
 @dataclass(frozen=True)
 class LeftOut:
@@ -77,6 +92,14 @@ class WholePool:
     planes: tuple[Plane, ...]
     left_out: tuple[LeftOut, ...] = ()
 
+    def groups(self, view: PoolView) -> list[Group]:
+        """The KV and every plane as the gate's groups, with what FlexKV will read of each (one block's bytes)."""
+        first, page = view.tensors()[0], view.page_size
+        kv_chunk = page * first[0].numel() * first.element_size()
+        kv = Group("KV", tuple(view.tensors()), tuple(view.layer_ids), 2 if view.kind == "mha" else 1)
+        kv = replace(kv, chunk_bytes=kv_chunk, rows_per_block=page)
+        return [kv, *(p.group(page) for p in self.planes)]
+
     def describe(self) -> str:
         planes = "; ".join(f"{p.name} ({len(p.tensors)} tensors, layers {list(p.layer_ids)})" for p in self.planes)
         left = "".join(f"; left out: {x.name} ({x.reason})" for x in self.left_out)
@@ -89,17 +112,41 @@ def _tensors(value: object) -> list[torch.Tensor] | None:
     return None
 
 
+def _again(owner: object, names: Sequence[str]) -> Callable[[], object]:
+    """The second read of ``names`` on ``owner``, for the gate's read-twice rule."""
+
+    def again() -> object:
+        reads = [_tensors(probe(owner, n)) for n in names]
+        return None if any(r is None for r in reads) else [t for r in reads for t in r or ()]
+
+    return again
+
+
 def _flat(t: torch.Tensor, where: str) -> torch.Tensor:
     if not t.is_contiguous():
         raise PartialPoolError(f"{where} {tuple(t.shape)} is not contiguous; FlexKV copies whole pages of it")
     return t.view(t.shape[0], -1)  # zero-copy; a 5-D plane would otherwise trip FlexKV's K/V stride probe
 
 
-def _plane(name: str, lists: Sequence[list[torch.Tensor]], ids: Sequence[int], kv_rows: int, page: int) -> Plane:
-    """A plane from its per-layer tensors: token-indexed (kv_rows rows) or page-indexed (kv_rows / page)."""
+def _plane(
+    owner: object,
+    names: Sequence[str],
+    lists: Sequence[list[torch.Tensor]],
+    ids: Sequence[int],
+    kv_rows: int,
+    page: int,
+) -> Plane:
+    """A plane from its per-layer tensors: token-indexed (kv_rows rows) or page-indexed (kv_rows / page).
+
+    Its tensors pass the gate first (real memory, read twice, layers x (K, V) of them, no overlap)."""
+    name = "/".join(names) if len(names) > 1 else names[0]
+    prefix = name.rpartition(".")[0]
+    flat = tuple(t for ts in lists for t in ts)
+    group = Group(name, flat, tuple(ids), len(lists), _again(owner, [n.rpartition(".")[2] for n in names]))
+    admit(f"{type(owner).__name__}{'' if not prefix else ' (' + prefix + ')'}", [group])
     first = lists[0][0]
     rows, row = first.shape[0], first[0].numel()
-    if any(t.shape != first.shape or t.dtype != first.dtype for ts in lists for t in ts):
+    if any(t.shape != first.shape or t.dtype != first.dtype for t in flat):
         raise PartialPoolError(f"{name}: its tensors differ in shape or dtype; one FlexKV group has one shape")
     if rows == kv_rows:  # one row per token: keep its heads when it has them
         per_block, heads = page, (first.shape[1] if first.ndim == 3 else 1)
@@ -111,7 +158,7 @@ def _plane(name: str, lists: Sequence[list[torch.Tensor]], ids: Sequence[int], k
             f"{name} has {rows} rows of {row} elements but the KV {kv_rows} rows: neither one row per token nor "
             f"one per page of {page} tokens, so its page ids cannot be matched to the KV's"
         )
-    tensors = tuple(_flat(t, name) for ts in lists for t in ts)
+    tensors = tuple(_flat(t, name) for t in flat)
     return Plane(name, tensors, tuple(ids), heads, size, first.dtype, 1, per_block, len(lists) == 2)
 
 
@@ -129,10 +176,22 @@ def _scale_planes(pool: object, ids: Sequence[int], page: int, prefix: str = "")
         return []
     kv_rows = _kv_rows(pool)
     if k and v:
-        return [_plane(f"{prefix}k_scale_buffer/v_scale_buffer", [k, v], ids, kv_rows, page)]
+        return [_plane(pool, [f"{prefix}k_scale_buffer", f"{prefix}v_scale_buffer"], [k, v], ids, kv_rows, page)]
     if kv:
-        return [_plane(f"{prefix}kv_scale_buffer", [kv], ids, kv_rows, page)]
+        return [_plane(pool, [f"{prefix}kv_scale_buffer"], [kv], ids, kv_rows, page)]
     raise PartialPoolError(f"{type(pool).__name__} has only one of k_scale_buffer/v_scale_buffer")
+
+
+def _meta(owner: object, name: str, minimum: int) -> int | None:
+    """Pool metadata the planes are sized by, through the one integer rule with its bound; None if absent."""
+    value = probe(owner, name)
+    where = f"{type(owner).__name__}.{name}"
+    return None if value is None else bounded_integer(value, where, minimum, LIMIT, InconsistentLayersError)
+
+
+def _flag(owner: object, name: str) -> bool:
+    value = probe(owner, name)
+    return value is not None and read_flag(value, f"{type(owner).__name__}.{name}", InconsistentLayersError)
 
 
 def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]]:
@@ -141,15 +200,21 @@ def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]
     if buffers is None:
         return [], []
     name, page = type(pool).__name__, view.page_size
-    kpool = probe_int(pool, "index_kpool") or 1
-    if probe(pool, "kpool_use_compress") or (kpool > 1 and probe(pool, "index_kpool_compress")):
+    kpool = _meta(pool, "index_kpool", 1) or 1
+    if page % kpool:
+        raise InconsistentLayersError(
+            f"{name}.index_kpool={kpool} does not divide the page size {page}: each index row holds page_size / "
+            f"index_kpool tokens, so the indexer's rows cannot be matched to the KV's pages"
+        )
+    use_compress, compress = _flag(pool, "kpool_use_compress"), _flag(pool, "index_kpool_compress")
+    if use_compress or (kpool > 1 and compress):
         raise PartialPoolError(
             f"{name} compresses its indexer with kpool={kpool}: the compress tails (_compress_tail_k/"
             f"_compress_tail_score) hold one row per request slot, not per page, and FlexKV has no slot-addressed "
             f"channel to store them with the pages (docs/flexkv-upstream.md); a restored prefix would lose them"
         )
-    index_page = probe_int(pool, "index_page_size")
-    size, buf_size = probe_int(pool, "size"), probe_int(pool, "index_buf_size")
+    index_page = _meta(pool, "index_page_size", 1)
+    size, buf_size = _meta(pool, "size", 0), _meta(pool, "index_buf_size", 0)
     if (index_page is not None and index_page != page // kpool) or (buf_size is not None and buf_size != size):
         raise PartialPoolError(
             f"{name}: its indexer pages ({index_page} tokens, {buf_size} rows) do not follow the KV's pages "
@@ -158,21 +223,29 @@ def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]
         )
     if len(buffers) != len(view.layer_ids):
         raise PartialPoolError(f"{name}: {len(buffers)} index buffers for {len(view.layer_ids)} KV layers")
-    kept = [(lid, t) for lid, t in zip(view.layer_ids, buffers) if t.shape[0] > 0]
-    skipped = [lid for lid, t in zip(view.layer_ids, buffers) if t.shape[0] == 0]
+    empty = [t.ndim >= 1 and t.shape[0] == 0 for t in buffers]  # 0-row layers reuse the previous top-k
+    skipped = [lid for lid, e in zip(view.layer_ids, empty) if e]
+    kept = [(lid, t) for lid, t, e in zip(view.layer_ids, buffers, empty) if not e]
     left = [LeftOut(f"index_k_with_scale_buffer of layers {skipped}", "0 rows: they reuse the previous top-k")]
     left = left if skipped else []
     if not kept:
         return [], left
+    tensors = tuple(t for _, t in kept)
+
+    def again() -> object:
+        second = _tensors(probe(pool, "index_k_with_scale_buffer")) or []
+        return [t for t, e in zip(second, empty) if not e] if len(second) == len(empty) else None
+
+    admit(name, [Group("index_k_with_scale_buffer", tensors, tuple(lid for lid, _ in kept), 1, again)])
     tokens_per_row = page // kpool
-    first = kept[0][1]
+    first = tensors[0]
     if first.ndim != 2 or first.shape[1] % tokens_per_row:
         raise PartialPoolError(f"{name}: index rows {tuple(first.shape)} do not hold {tokens_per_row} tokens each")
-    if any(t.shape != first.shape or t.dtype != first.dtype for _, t in kept) or first.shape[0] < view.num_blocks:
+    if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors) or first.shape[0] < view.num_blocks:
         raise PartialPoolError(f"{name}: index buffers differ in shape or hold fewer pages than the KV")
     plane = Plane(
         "index_k_with_scale_buffer",
-        tuple(_flat(t, "index_k_with_scale_buffer") for _, t in kept),
+        tuple(_flat(t, "index_k_with_scale_buffer") for t in tensors),
         tuple(lid for lid, _ in kept),
         1,
         first.shape[1] // tokens_per_row,
@@ -205,7 +278,8 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
         raise PartialPoolError(f"{type(pool).__name__}.index_kv_pool: no k_buffer/v_buffer, mapping or page size")
     ids = inverse(pool, "index_kv_layer_id_mapping", mapping)  # the one reading of a wrapper's id mapping
     kv_rows = _kv_rows(probe(pool, "main_pool"))
-    planes.append(_plane("index_kv_pool.k_buffer/v_buffer", [k, v], ids, kv_rows, view.page_size))
+    names = ["index_kv_pool.k_buffer", "index_kv_pool.v_buffer"]
+    planes.append(_plane(sub, names, [k, v], ids, kv_rows, view.page_size))
     planes += _scale_planes(sub, ids, view.page_size, "index_kv_pool.")
     return planes
 
@@ -235,45 +309,8 @@ def describe(pool: object, view: PoolView) -> WholePool | None:
         owners, family = [pool], "dsa" if dsa else "quantised"
     if not planes:
         return None
-    _check_accounted(owners, planes, view)
+    check_accounted(owners, [t for p in planes for t in p.tensors] + view.tensors(), DERIVED | PRIMARY | LAYER_METADATA)
     return WholePool(family, tuple(planes), tuple(left))
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes a tensor reaches: a tensor starting where the KV does may hold more than it."""
-    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def _inside(span: tuple[int, int], covered: list[tuple[int, int]]) -> bool:
-    return any(a <= span[0] and span[1] <= b for a, b in covered)
-
-
-def _check_accounted(owners: Sequence[object], planes: Sequence[Plane], view: PoolView) -> None:
-    """Refuse a tensor attribute the description does not cover: it would be lost on a prefix hit."""
-    covered = _merged([_span(t) for p in planes for t in p.tensors] + [_span(t) for t in view.tensors()])
-    unknown = []
-    for owner in owners:
-        for attr, value in (vars(owner) if owner is not None and hasattr(owner, "__dict__") else {}).items():
-            found = [value] if isinstance(value, torch.Tensor) else _tensors(value) or []
-            lost = [t for t in found if t.numel() and not _inside(_span(t), covered)]
-            if lost and attr not in DERIVED | PRIMARY | LAYER_METADATA:
-                unknown.append(f"{type(owner).__name__}.{attr}")
-    if unknown:
-        raise PartialPoolError(
-            f"{unknown} hold state this adapter does not know how to offload with the KV's pages; offloading "
-            f"the rest would restore prefixes without it. Report the pool layout, or serve without FlexKV"
-        )
 
 
 __all__ = ["LeftOut", "PartialPoolError", "Plane", "WholePool", "carried_planes", "carries_planes", "describe"]

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem, shard_problem
+from ..copy_rules import shard_problem
 from ..errors import NotAddressableError, PlanError
+from ..gate import admit
 from ..planes import PartialPoolError, Plane, WholePool, describe
 from ._import import import_flexkv
 from .checks import shared_kv_mode
@@ -29,8 +30,13 @@ if TYPE_CHECKING:
 _MISSING = object()
 
 
-def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, source: str) -> tuple[GroupPlan, ...]:
-    """Group 0 is the KV ``p`` plans; then one group per plane, each checked as FlexKV will address it."""
+def plan_groups(p: FlexKVPlan, view: PoolView, tp_size: int, source: str) -> tuple[GroupPlan, ...]:
+    """Group 0 is the KV ``p`` plans; then one group per plane. The gate checks them as FlexKV will address
+    them (:func:`~flexkv_adapter.gate.admit`, the same rules adapt() applied); only the tp rule is added here."""
+    whole: WholePool = view.whole
+    if p.mode.value == "TRTLLM" or p.tokens_per_block != view.page_size:
+        raise PlanError(f"{source}: layer groups need per-layer KV tensors with page-sized blocks")
+    admit(source, whole.groups(view), blocks=p.num_block, page=p.tokens_per_block)
     start = min(p.layer_ids)
     primary = GroupPlan(
         "KV",
@@ -44,22 +50,7 @@ def plan_groups(p: FlexKVPlan, whole: WholePool, page_size: int, tp_size: int, s
         p.num_block,
         p.kv_dim,
     )
-    if p.mode.value == "TRTLLM" or p.tokens_per_block != page_size:
-        raise PlanError(f"{source}: layer groups need per-layer KV tensors with page-sized blocks")
-    groups = [primary]
-    for plane in whole.planes:
-        groups.append(_plane_group(p, plane, start, tp_size, f"{source} {plane.name}"))
-    if len(p.tensors) == 1 and any(len(g.tensors) > 1 for g in groups):  # FlexKV: 1 tensor in group 0 = TRT-LLM
-        raise PlanError(f"{source}: a one-layer MLA KV makes FlexKV address every group as one block-first tensor")
-    _check_cpu_alignment(groups, source)
-    return tuple(groups)
-
-
-def _check_cpu_alignment(groups: list[GroupPlan], source: str) -> None:
-    """FlexKV packs a CPU block group after group (:func:`~flexkv_adapter.copy_rules.packing_problem`)."""
-    packed = [(g.name, len(g.layer_indices), g.chunk_bytes) for g in groups]
-    if problem := packing_problem(packed, groups[0].kv_dim):
-        raise NotAddressableError(f"{source}: {problem}")
+    return (primary, *(_plane_group(p, plane, start, tp_size, f"{source} {plane.name}") for plane in whole.planes))
 
 
 def check_not_partial(view: PoolView) -> None:
@@ -79,13 +70,6 @@ def check_not_partial(view: PoolView) -> None:
 
 
 def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: str) -> GroupPlan:
-    if plane.kv != (p.kv_dim == 2):
-        raise PlanError(
-            f"{where}: {'K and V planes' if plane.kv else 'one plane per layer'} under a KV with kv_dim={p.kv_dim}; "
-            f"FlexKV addresses every group with group 0's kv_dim, so it would read the wrong tensors"
-        )
-    if p.tokens_per_block % plane.compress_ratio or any(lid < start for lid in plane.layer_ids):
-        raise PlanError(f"{where}: compress ratio {plane.compress_ratio} or layers {plane.layer_ids} do not fit")
     group = GroupPlan(
         plane.name,
         plane.tensors,
@@ -98,18 +82,8 @@ def _plane_group(p: FlexKVPlan, plane: Plane, start: int, tp_size: int, where: s
         p.num_block,
         p.kv_dim,
     )
-    chunk = group.chunk_bytes
-    if p.num_kv_heads == 1 and shared_kv_mode() == "sharded" and (problem := shard_problem(chunk, tp_size)):
+    if p.num_kv_heads == 1 and shared_kv_mode() == "sharded" and (problem := shard_problem(group.chunk_bytes, tp_size)):
         raise NotAddressableError(f"{where}: {problem}")
-    for t in plane.tensors:
-        row = t[0].numel() * t.element_size()
-        if row * plane.rows_per_block != chunk or t.shape[0] < p.num_block * plane.rows_per_block:
-            raise PlanError(
-                f"{where}: {tuple(t.shape)} {t.dtype} does not hold {p.num_block} blocks of {chunk} bytes "
-                f"({plane.rows_per_block} rows of {row} bytes each)"
-            )
-        if problem := alignment_problem(chunk, t.data_ptr()):
-            raise NotAddressableError(f"{where}: {problem}. {ALIGNMENT_FIX}")
     return group
 
 

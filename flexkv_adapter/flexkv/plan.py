@@ -33,6 +33,7 @@ from ..axes import format_axes, parse_axes
 from ..carve import Planes, check_consistent
 from ..containers import Located
 from ..errors import PlanError
+from ..gate import Group, admit
 from ..labels import layer_ids_of
 from ..layout import Geometry, Interpretation
 from ..options import AdaptOptions, resolve_geometry, validate_options
@@ -225,5 +226,8 @@ def plan(
     check_five_d(result, name)
     check_chunks(result, chunks, name, tp)
     if isinstance(source, PoolView) and source.whole is not None:
-        result = replace(result, groups=plan_groups(result, source.whole, source.page_size, tp, name))
+        return replace(result, groups=plan_groups(result, source, tp, name))  # the gate, with the group rules
+    per_layer = 2 if mode is AddressingMode.SGLANG else 1  # SGLANG: all K, then all V
+    ids = None if mode is AddressingMode.TRTLLM else layer_ids  # one tensor for every layer
+    admit(name, [Group("KV", tuple(result.tensors), ids, per_layer)])  # the gate, for the as-is path too
     return result

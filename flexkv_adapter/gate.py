@@ -1,0 +1,229 @@
+"""The one gate every tensor handed to FlexKV passes: KV, scales, indexer, index pool, as-is tensors.
+
+FlexKV copies whatever pointers it is given, block by block, and checks nothing; a tensor that is
+not memory, or memory that another registered tensor also holds, corrupts the cache silently. So
+every path that produces tensors for FlexKV (:func:`~flexkv_adapter.build.build_view` for the KV of
+every source, :mod:`.planes` for each plane as it is read, the hybrid policy for a whole view, and
+:func:`~flexkv_adapter.flexkv.plan` for what it registers, the as-is path included) calls
+:func:`admit` with the groups it has. Its rules, in order (:data:`RULES`):
+
+* ``tensor``: a real device, a live storage (not meta, fake, sparse, freed), at least one dimension
+  and at least one row;
+* ``read twice``: a group read from an attribute is read again and compared by storage, offset, shape
+  and strides (:func:`~flexkv_adapter.containers.same_memory`), never by object identity;
+* ``count``: as many tensors as layers x tensors per layer (a K list then a V list: two);
+* ``group``: when the registration is known (``blocks``), the group rules that need no tp: every group
+  addressed with group 0's K/V planes (kv_dim), layers of the KV's stage only, a compress ratio that
+  divides the page, rows that hold every block, chunk alignment and FlexKV's CPU-block packing;
+* ``overlap``: no byte of a registered tensor is another registered tensor's, across all groups; one
+  tensor registered twice with the same block size (shared layers, K and V one tensor) is the same
+  memory, block for block, and only warned about.
+
+Rules needing the tensor-parallel size stay in plan() (only it knows tp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .containers import same_memory
+from .copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem
+from .errors import InconsistentLayersError, NotAddressableError, UnsupportedPoolError, describe
+from .probe import storage_problem
+
+RULES = ("tensor", "read twice", "count", "group", "overlap")
+_EXACT_LIMIT = 1 << 18  # contiguous runs enumerated to prove two strided tensors disjoint
+
+
+@dataclass(frozen=True)
+class Group:
+    """Tensors headed to FlexKV as one layer group (or one part of the KV)."""
+
+    name: str
+    tensors: tuple[torch.Tensor, ...]
+    layer_ids: tuple[int, ...] | None  # None: the count is not known yet (the KV before its labels)
+    per_layer: int = 1  # tensors per layer: 2 = a K list then a V list
+    again: Callable[[], object] | None = None  # a second read of the attribute(s) the tensors came from
+    chunk_bytes: int | None = None  # bytes of one block of one tensor, once the registration is known
+    rows_per_block: int = 1
+    compress_ratio: int = 1
+
+
+def admit(where: str, groups: Sequence[Group], *, blocks: int | None = None, page: int | None = None) -> list[str]:
+    """Check ``groups`` by every rule of :data:`RULES`; the warnings (one tensor registered twice), or an
+    :class:`~flexkv_adapter.errors.AdapterError` naming the group, the tensor and the rule."""
+    for group in groups:
+        _tensor_rule(where, group)
+        _read_twice_rule(where, group)
+        _count_rule(where, group)
+    if blocks is not None and page is not None:
+        _group_rules(where, groups, blocks, page)
+    return _overlap_rule(where, groups)
+
+
+def _tensor_rule(where: str, group: Group) -> None:
+    for i, t in enumerate(group.tensors):
+        why = storage_problem(t)
+        if why is None and t.ndim == 0:
+            why = "is 0-d (a scalar), not rows of a block"
+        if why is None and t.shape[0] == 0:
+            why = "has 0 rows"
+        if why:
+            raise UnsupportedPoolError(
+                f"{where}: {group.name}[{i}] {why}; FlexKV copies blocks of real memory, so every registered "
+                f"tensor needs a real device, a live storage, at least one dimension and at least one row"
+            )
+
+
+def _read_twice_rule(where: str, group: Group) -> None:
+    if group.again is None:
+        return
+    try:
+        second = group.again()
+    except Exception as exc:  # a getter that fails the second time gives no memory to register
+        second = exc
+    if not same_memory(group.tensors, second):
+        raise NotAddressableError(
+            f"{where}: {group.name} gives new memory on a second read (compared by storage, offset, shape and "
+            f"strides): a property or getter that copies. Registering it would alias a temporary and FlexKV's "
+            f"restores would never reach the pool. Fix: expose the pool's own tensors"
+        )
+
+
+def _count_rule(where: str, group: Group) -> None:
+    if group.layer_ids is None:
+        return
+    wanted = len(group.layer_ids) * group.per_layer
+    if len(group.tensors) != wanted:
+        per = "K and V tensors" if group.per_layer == 2 else "tensors"
+        raise InconsistentLayersError(
+            f"{where}: {group.name} has {len(group.tensors)} tensors for {len(group.layer_ids)} layers "
+            f"{list(group.layer_ids)}; FlexKV addresses a group as layers x {per} ({wanted}), so it would read "
+            f"one layer's data from another's tensor and never copy the rest"
+        )
+
+
+def _group_rules(where: str, groups: Sequence[Group], blocks: int, page: int) -> None:
+    primary = groups[0]
+    stage = set(primary.layer_ids or ())
+    for g in groups[1:]:
+        name = f"{where}: {g.name}"
+        if g.per_layer != primary.per_layer:
+            raise NotAddressableError(
+                f"{name}: {'K and V planes' if g.per_layer == 2 else 'one plane per layer'} under a KV with "
+                f"kv_dim={primary.per_layer}; FlexKV addresses every group with group 0's kv_dim, so it would read "
+                f"the wrong tensors"
+            )
+        if outside := sorted(set(g.layer_ids or ()) - stage):
+            raise NotAddressableError(
+                f"{name}: layers {outside} are not layers of the KV's pipeline stage {sorted(stage)}; FlexKV's "
+                f"layer indices are local to the stage, so they would address no layer or another one"
+            )
+        if g.compress_ratio < 1 or page % g.compress_ratio:
+            raise NotAddressableError(f"{name}: compress ratio {g.compress_ratio} does not divide the page ({page})")
+    if len(primary.tensors) == 1 and any(len(g.tensors) > 1 for g in groups):  # FlexKV: 1 tensor = TRT-LLM
+        raise NotAddressableError(
+            f"{where}: a one-layer MLA KV (one tensor) makes FlexKV address every group as one block-first tensor"
+        )
+    for g in groups:
+        chunk = g.chunk_bytes
+        if chunk is None:
+            continue
+        for i, t in enumerate(g.tensors):
+            row = t[0].numel() * t.element_size()
+            if row * g.rows_per_block != chunk or t.shape[0] < blocks * g.rows_per_block:
+                raise NotAddressableError(
+                    f"{where}: {g.name}[{i}] ({describe(t)}) does not hold {blocks} blocks of {chunk} bytes "
+                    f"({g.rows_per_block} rows of {row} bytes each), as FlexKV will read it"
+                )
+            if problem := alignment_problem(chunk, t.data_ptr()):
+                raise NotAddressableError(f"{where}: {g.name}[{i}]: {problem}. {ALIGNMENT_FIX}")
+    packed = [(g.name, len(g.layer_ids or ()), g.chunk_bytes) for g in groups if g.chunk_bytes is not None]
+    if len(packed) > 1 and (problem := packing_problem(packed, primary.per_layer)):
+        raise NotAddressableError(f"{where}: {problem}")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and one past the last byte a tensor reaches."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr(), a.shape, a.stride(), a.element_size()) == (
+        b.data_ptr(),
+        b.shape,
+        b.stride(),
+        b.element_size(),
+    )
+
+
+def _runs(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
+    """Start offsets of a tensor's contiguous runs and their length in bytes; None if there are too many."""
+    item, inner, dims = t.element_size(), t.element_size(), list(zip(t.shape, t.stride()))
+    while dims and (dims[-1][0] == 1 or dims[-1][1] * item == inner):
+        size, _ = dims.pop()
+        inner *= size
+    count = int(np.prod([n for n, _ in dims])) if dims else 1
+    if count > _EXACT_LIMIT:
+        return None
+    starts = np.zeros(1, dtype=np.int64)
+    for size, stride in dims:
+        starts = (starts[:, None] + np.arange(size, dtype=np.int64)[None, :] * stride * item).ravel()
+    return starts + t.data_ptr(), inner
+
+
+def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors whose spans overlap share a byte (exact for strided tensors, within a bound)."""
+    if a.is_contiguous() and b.is_contiguous():
+        return True
+    ra, rb = _runs(a), _runs(b)
+    if ra is None or rb is None:
+        return True  # too many runs to enumerate: not proven disjoint
+    starts = np.concatenate([ra[0], rb[0]])
+    ends = np.concatenate([ra[0] + ra[1], rb[0] + rb[1]])
+    owner = np.concatenate([np.zeros(len(ra[0]), bool), np.ones(len(rb[0]), bool)])
+    order = np.argsort(starts, kind="stable")
+    starts, ends, owner = starts[order], ends[order], owner[order]
+    for side in (False, True):  # a run starting before an earlier-starting run of the other tensor ends
+        other_end = np.maximum.accumulate(np.where(owner != side, ends, 0))
+        prior = np.concatenate([[0], other_end[:-1]])
+        if np.any((owner == side) & (starts < prior)):
+            return True
+    return False
+
+
+def _overlap_rule(where: str, groups: Sequence[Group]) -> list[str]:
+    items = sorted(
+        (
+            (str(t.device), *_span(t), gi, f"{g.name}[{i}]", t)
+            for gi, g in enumerate(groups)
+            for i, t in enumerate(g.tensors)
+        ),
+        key=lambda x: (x[0], x[1], x[2]),
+    )
+    warnings = []
+    for n, (device, start, end, gi, name, t) in enumerate(items):
+        for other_device, other_start, _, gj, other, u in items[n + 1 :]:
+            if other_device != device or other_start >= end:
+                break
+            if _same(t, u) and groups[gi].chunk_bytes == groups[gj].chunk_bytes:
+                warnings.append(f"{name} overlaps {other}")
+                continue
+            if not _bytes_meet(t, u):
+                continue
+            row = t.stride(0) * t.element_size() if t.ndim else 0
+            raise InconsistentLayersError(
+                f"{where}: {name} and {other} share bytes ({other_start - start} bytes apart, rows shifted against "
+                f"each other or in another group): restoring a block of one would overwrite bytes of another "
+                f"block, or of another plane, that FlexKV was never asked to touch (rows of {row} bytes). Tensors "
+                f"may share bytes only as the same tensor within one group; expose each layer's own memory"
+            )
+    return warnings
+
+
+__all__ = ["RULES", "Group", "admit"]
