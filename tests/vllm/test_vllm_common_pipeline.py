@@ -1,4 +1,4 @@
-"""vLLM 0.33's real KV cache dicts: adapt()'s vLLM reading gives, pointer for pointer and byte for byte,
+"""vLLM's real KV cache dicts (0.32 or 0.33): adapt()'s vLLM reading gives, pointer for pointer and byte for byte,
 the view the generic reading (``axes="P H T D"``) gives of the same tensors, and plan()'s chunks; where
 one refuses, so does the other. Both go through one builder (flexkv_adapter.build.build_view).
 """

@@ -1,4 +1,4 @@
-"""vLLM 0.33's real KV cache dicts (every layout x MHA/MLA/kernel blocks/TP): adapted right, or refused.
+"""vLLM's real KV cache dicts (0.32 or 0.33) (every layout x MHA/MLA/kernel blocks/TP): adapted right, or refused.
 
 Every accepted case is read back through FlexKV's worker address model for every layer, K/V half and
 manager block, and compared with the bytes vLLM's own views hold; every refusal names the fix.

@@ -1,15 +1,15 @@
-"""Loads through vLLM 0.33's real Scheduler and worker driver with the plugin: hits, failed loads
+"""Loads through vLLM's real Scheduler (0.33 or 0.32) and worker driver with the plugin: hits, failed loads
 (both ``kv_load_failure_policy`` values, whole and partial), abort during a load, preemption.
 
-FlexKV is the stand-in in ``fake_flexkv`` (its scheduler side follows vllm_v1_adapter.py at
-34ab141); :data:`flexkv.kvmanager.CONTROL` makes its next transfers fail or linger.
+FlexKV's connector code is its real ``vllm_v1_adapter.py`` (conftest); its KVManager is the stand-in
+in ``fake_flexkv``, whose :data:`flexkv.kvmanager.CONTROL` makes its next transfers fail or linger.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from flexkv_adapter.integrations.vllm_lifecycle import PATCHES
+from flexkv_adapter.integrations.vllm_lifecycle import applicable
 
 from .engine import BLOCK, Engine, flexkv_empty
 
@@ -28,7 +28,7 @@ def control():
 
 def unwrap(cls) -> None:
     """Negative control: vLLM's own methods back, as without the lifecycle wrappers."""
-    for name in PATCHES:
+    for name in applicable(cls):
         setattr(cls, name, getattr(cls, name).__wrapped__)
 
 

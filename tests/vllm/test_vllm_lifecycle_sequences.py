@@ -1,4 +1,4 @@
-"""Random sequences through vLLM 0.33's real Scheduler and worker driver with the plugin: requests
+"""Random sequences through vLLM's real Scheduler (0.32 or 0.33) and worker driver with the plugin: requests
 sharing prefixes, failing FlexKV gets and puts, aborts, resets, steps. After every step each running
 request's computed blocks must hold its own KV (never a failed load's bytes); at the end every
 request finishes, every block is back in vLLM's pool and FlexKV and the ledger hold nothing."""

@@ -7,6 +7,7 @@ import pytest
 from .engine import Engine
 
 
+@pytest.mark.sleep_hooks
 def test_wake_without_sleep_registers_nothing_and_a_failed_wake_can_be_retried(plugged, tmp_path, monkeypatch):
     from flexkv.server import client
 

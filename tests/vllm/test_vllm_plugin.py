@@ -1,7 +1,8 @@
 """The vLLM plugin, loaded by vLLM's own load_general_plugins(), around vLLM's real FlexKVConnectorV1.
 
-FlexKV is the stand-in in tests/vllm/fake_flexkv: it asks the attention backend for
-get_kv_cache_shape at construction (the crash on vLLM 0.33) and records registrations.
+FlexKV's connector is its real vllm_v1_adapter.py over the stand-in in tests/vllm/fake_flexkv, whose
+config asks the attention backend for get_kv_cache_shape at construction (the crash on vLLM 0.33)
+and whose KVTPClient records registrations.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""The plugin on the vLLM it runs on (0.32 or 0.33): each wrapper only where vLLM declares the method,
+nothing added that vLLM lacks, and a version outside the proven range refused with the range named."""
+
+from __future__ import annotations
+
+import pytest
+
+from flexkv_adapter.integrations import vllm_lifecycle
+
+from .engine import Engine
+
+
+def base_class():
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    return KVConnectorBase_V1
+
+
+def test_every_wrapper_the_running_vllm_declares_is_applied_and_no_other(plugged):
+    declared = {n for n in vllm_lifecycle.PATCHES if hasattr(base_class(), n) or n in vars(plugged)}
+    wrapped = {n for n in vllm_lifecycle.PATCHES if hasattr(getattr(plugged, n, None), "__wrapped__")}
+    assert wrapped == declared == set(vllm_lifecycle.applicable(plugged))
+
+
+def test_sleep_hooks_are_wrapped_exactly_where_the_base_class_has_them(plugged):
+    for name in vllm_lifecycle.SLEEP_HOOKS:
+        if hasattr(base_class(), name):  # vLLM 0.33
+            assert hasattr(getattr(plugged, name), "__wrapped__")
+        else:  # vLLM 0.32: the plugin does not make it look like 0.33
+            assert not hasattr(plugged, name)
+
+
+def test_the_running_vllm_is_in_the_proven_range():
+    import vllm
+
+    assert vllm_lifecycle.version_problem(vllm.__version__) is None
+
+
+@pytest.mark.parametrize("version", ["0.34.0", "0.31.2", "1.0.0", "unknown"])
+def test_a_vllm_outside_the_proven_range_is_refused_naming_the_range(connector_cls, tmp_path, monkeypatch, version):
+    import vllm
+
+    from flexkv_adapter import AdapterError
+    from flexkv_adapter.integrations.vllm import install
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    install()
+    with pytest.raises(AdapterError, match=r"proven on vLLM 0\.32 and 0\.33"):
+        Engine(connector_cls, tmp_path)
+    assert not hasattr(connector_cls.get_num_new_matched_tokens, "__wrapped__")  # never half-patched
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1.dev4+g1a2b3c"])
+def test_versions_in_the_range_are_accepted(version):
+    assert vllm_lifecycle.version_problem(version) is None
+
+
+@pytest.mark.parametrize("version", ["0.3", "0.320.0", "0.34", "", "v0.33"])
+def test_versions_outside_the_range_are_named(version):
+    assert "0.32 and 0.33" in (vllm_lifecycle.version_problem(version) or "")
