@@ -1,4 +1,10 @@
-"""FlexKV's real Python from a source checkout, with only its GPU and compiled parts replaced."""
+"""FlexKV's real Python (``tests.flexkv_source.find()``), with only its GPU and compiled parts replaced.
+
+``SOURCE`` is the one answer for the tier: the FlexKV tree found (FLEXKV_SOURCE, an installed flexkv,
+or ../shared/flexkv-34ab141), or "" with ``SKIP_REASON`` saying how to point at one. It is read at
+import, before any fixture puts a stand-in ``flexkv`` tree on ``sys.path`` (which the finder would
+otherwise take for an installed FlexKV).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,18 @@ import sys
 import types
 from typing import Any
 
+import pytest
 import torch
+
+from tests.flexkv_source import find
 
 from . import flexkv_standin as fk
 from .flexkv_serving import DataKVManager
+
+_FOUND = find()
+SOURCE = str(_FOUND.root) if _FOUND.root else ""
+SKIP_REASON = _FOUND.skip_reason
+needs_flexkv = pytest.mark.skipif(not SOURCE, reason=SKIP_REASON)
 
 
 class _Anything(types.ModuleType):

@@ -1,6 +1,6 @@
-"""FlexKV's real ``GPUCPUTransferWorker`` on CPU, with only its copy kernel replaced (opt-in: ``FLEXKV_SRC``).
+"""FlexKV's real ``GPUCPUTransferWorker`` on CPU, with only its copy kernel replaced.
 
-``FLEXKV_SRC`` names a FlexKV source tree (e.g. ``git archive`` of 34ab141's ``flexkv/``). Its
+FlexKV's source tree is the one ``tests.flexkv_source.find()`` gives (``real_flexkv.SOURCE``). Its
 Python runs as is; what needs a GPU is shimmed: the compiled ``flexkv.c_ext`` (``transfer_kv_blocks``
 below, written from csrc/transfer.cu and gtensor_handler.cuh), ``nvtx``, CUDA device binding,
 host registration, pinned memory and streams. Tensors are passed where FlexKV imports CUDA IPC
@@ -10,7 +10,6 @@ handles. Every access must land inside a registered tensor or the CPU cache.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -20,11 +19,14 @@ import torch
 from tests.flexkv_cpu.kernel import kernel
 from tests.flexkv_cpu.stubs import AnyNameModule
 
+from .real_flexkv import SKIP_REASON, SOURCE
+
 
 @contextlib.contextmanager
 def flexkv_worker_module() -> Iterator[Any]:
-    """Import FlexKV's worker from ``FLEXKV_SRC`` with the GPU-only parts shimmed; undo on exit."""
-    src = os.environ["FLEXKV_SRC"]
+    """Import FlexKV's worker from the tree found, with the GPU-only parts shimmed; undo on exit."""
+    src = SOURCE
+    assert src, SKIP_REASON
     saved = {n: m for n, m in sys.modules.items() if n == "flexkv" or n.startswith("flexkv.")}
     for name in saved:
         del sys.modules[name]

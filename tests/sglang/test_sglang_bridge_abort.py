@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from .radix_harness import Rig, read, retake, zero
+from .real_flexkv import SKIP_REASON, SOURCE
 from .test_sglang_bridge_real import real_flexkv  # noqa: F401 (a fixture)
-from .test_sglang_bridge_tp import REAL
 
 IDS = list(range(1000, 1048))
 
@@ -42,8 +42,8 @@ def _aborted_after_store(rig: Rig) -> tuple[list[bytes], int, int, bool]:
 @pytest.fixture(params=["standin", "real"])
 def rig(request, sglang_env, models, monkeypatch):
     if request.param == "real":
-        if not REAL:
-            pytest.skip("set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
+        if not SOURCE:
+            pytest.skip(SKIP_REASON)
         request.getfixturevalue("real_flexkv")
     else:
         sglang_env.use("serving")

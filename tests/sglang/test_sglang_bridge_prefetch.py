@@ -11,7 +11,7 @@ What SGLang 0.5.23 reaches on this backend (read from its source, shown by the l
   (scheduler.py:3381-3391) where FlexKVRadixCache takes three (flexkv_radix_cache.py:491). So 0.5.23
   never reaches ``prefetch_async``; the radix cache's own prefetch methods are driven directly here.
 
-FlexKV's side: the stand-in of ``flexkv_prefetch``, or (``FLEXKV_SOURCE``) FlexKV's real connector over
+FlexKV's side: the stand-in of ``flexkv_prefetch``, or (``tests.flexkv_source``) FlexKV's real connector over
 the same tiered data plane.
 """
 
@@ -30,9 +30,7 @@ from flexkv_adapter.integrations import sglang_bridge
 from . import flexkv_standin as fk
 from .flexkv_prefetch import TieredKVManager
 from .radix_harness import RADIX, Rig, buffers, read, retake, untouched_outside, zero
-from .real_flexkv import prepare, replace_gpu_parts
-from .test_sglang_bridge_real import SOURCE
-from .test_sglang_bridge_tp import REAL
+from .real_flexkv import SKIP_REASON, SOURCE, prepare, replace_gpu_parts
 
 IDS = list(range(1000, 1048))  # three pages
 
@@ -43,8 +41,8 @@ def make_rig(request, sglang_env, models, monkeypatch, tmp_path):
     monkeypatch.setenv("FLEXKV_SSD_CACHE_GB", "2")  # a tier below the CPU (FlexKV wants it larger): prefetch on
     monkeypatch.setenv("FLEXKV_SSD_CACHE_DIR", str(tmp_path / "ssd"))
     if request.param == "real":
-        if not REAL:
-            pytest.skip("set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
+        if not SOURCE:
+            pytest.skip(SKIP_REASON)
         prepare(monkeypatch, SOURCE)
         sglang_env.load()
         monkeypatch.setattr(replace_gpu_parts(monkeypatch), "KVManager", TieredKVManager)
@@ -55,7 +53,7 @@ def make_rig(request, sglang_env, models, monkeypatch, tmp_path):
     def make() -> Rig:
         rig = Rig(monkeypatch, models["llama"], "mha")
         served_by = inspect.getfile(type(rig.cache.flexkv_connector.connector))
-        assert served_by.startswith(REAL) if request.param == "real" else served_by.endswith("flexkv_prefetch.py")
+        assert served_by.startswith(SOURCE) if request.param == "real" else served_by.endswith("flexkv_prefetch.py")
         return rig
 
     return make

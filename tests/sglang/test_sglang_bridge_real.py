@@ -1,31 +1,23 @@
-"""The bridge against FlexKV's REAL connector Python (opt-in: ``FLEXKV_SOURCE`` = a FlexKV checkout).
+"""The bridge against FlexKV's REAL connector Python (found by ``tests.flexkv_source``; skipped without it).
 
 Only what needs a GPU or FlexKV's compiled extension is replaced: ``KVManager`` and ``KVTPClient``
 (by the data plane of ``flexkv_serving``), ``torch.cuda.current_device``, and the modules
-``flexkv.c_ext``, ``nvtx`` and ``expiring_dict`` when they cannot be imported. For example::
+``flexkv.c_ext``, ``nvtx`` and ``expiring_dict`` when they cannot be imported. Another checkout::
 
-    git -C <FlexKV mirror> archive 34ab141 flexkv | tar x -C /tmp/fk
-    FLEXKV_SOURCE=/tmp/fk pytest tests/sglang/test_sglang_bridge_real.py
+    FLEXKV_SOURCE=/path/to/FlexKV pytest tests/sglang/test_sglang_bridge_real.py
 """
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import pytest
 
 from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
 
 from .radix_harness import Rig, read
-from .real_flexkv import prepare, replace_gpu_parts
+from .real_flexkv import SOURCE, needs_flexkv, prepare, replace_gpu_parts
 from .test_sglang_bridge import IDS, _served
 
-SOURCE = os.environ.get("FLEXKV_SOURCE", "")
-pytestmark = pytest.mark.skipif(
-    not (Path(SOURCE) / "flexkv/integration/sglang/connector.py").is_file(),
-    reason="set FLEXKV_SOURCE to a FlexKV checkout to run the bridge against FlexKV's real connector",
-)
+pytestmark = needs_flexkv
 
 
 @pytest.fixture

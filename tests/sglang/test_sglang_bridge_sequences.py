@@ -8,13 +8,12 @@ and every slot goes back to the allocator. rids contain ``@attempt`` on purpose 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from .radix_harness import Rig, read
+from .real_flexkv import needs_flexkv
 from .test_sglang_bridge_real import real_flexkv  # noqa: F401 (a fixture)
 
 PROMPTS = [list(range(1000 + 100 * p, 1048 + 100 * p)) for p in range(3)]  # no shared prefixes: one seed each
@@ -91,7 +90,7 @@ def test_sequences_restore_exact_bytes_and_release_everything(sglang_env, models
     assert _sequences(models, monkeypatch, kind)["loads"] > 0
 
 
-@pytest.mark.skipif(not os.path.isdir(os.environ.get("FLEXKV_SOURCE", "/nonexistent")), reason="set FLEXKV_SOURCE")
+@needs_flexkv
 @pytest.mark.usefixtures("real_flexkv")
 def test_sequences_through_flexkv_real_connector(models, monkeypatch):
     assert _sequences(models, monkeypatch, "mha")["loads"] > 0

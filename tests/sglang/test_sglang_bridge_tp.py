@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
-
-import pytest
 
 from . import flexkv_serving as serving
 from . import tp_worker
 from .conftest import LLAMA
-from .test_sglang_bridge_real import SOURCE
-
-REAL = SOURCE if os.path.isdir(SOURCE) else ""
+from .real_flexkv import SOURCE as REAL
+from .real_flexkv import needs_flexkv
 
 
 def run_ranks(tmp_path, real="", broken=False):
@@ -62,13 +58,13 @@ def test_negative_control_a_shifted_layer_on_rank_1_only_fails_rank_1(tmp_path):
     check(run_ranks(tmp_path, broken=True), exact=(True, False))
 
 
-@pytest.mark.skipif(not REAL, reason="set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
+@needs_flexkv
 def test_the_same_with_flexkv_real_connector(tmp_path):
     results = run_ranks(tmp_path, REAL)
     check(results)
     assert all(value["file"].startswith(REAL) for _, value in results.values())
 
 
-@pytest.mark.skipif(not REAL, reason="set FLEXKV_SOURCE to a FlexKV checkout (see test_sglang_bridge_real.py)")
+@needs_flexkv
 def test_negative_control_with_flexkv_real_connector(tmp_path):
     check(run_ranks(tmp_path, REAL, broken=True), exact=(True, False))

@@ -1,19 +1,18 @@
-"""The whole-pool registrations through FlexKV's real transfer worker (opt-in: set FLEXKV_SRC to its source).
+"""The whole-pool registrations through FlexKV's real transfer worker (found by ``tests.flexkv_source``).
 
-``git -C <FlexKV clone> archive HEAD flexkv | tar -x -C /tmp/fkv`` then ``FLEXKV_SRC=/tmp/fkv``.
+Skipped, with the reason, when no FlexKV is found; ``FLEXKV_SOURCE=/path/to/FlexKV`` picks another checkout.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from .pools import dsa
+from .real_flexkv import needs_flexkv
 from .test_sglang_whole import CASES
 from .whole_pools import SRC, connector_dsa_call, roundtrip
 
-pytestmark = pytest.mark.skipif(not os.environ.get("FLEXKV_SRC"), reason="FLEXKV_SRC (a FlexKV source tree) not set")
+pytestmark = needs_flexkv
 
 
 @pytest.mark.parametrize("case", CASES)

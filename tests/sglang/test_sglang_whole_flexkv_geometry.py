@@ -1,4 +1,4 @@
-"""Whole-pool geometries through FlexKV's real multi-group worker and CPU sizing (opt-in: FLEXKV_SRC).
+"""Whole-pool geometries through FlexKV's real multi-group worker and CPU sizing (skipped without FlexKV).
 
 Review of issue 18: FlexKV's own ``KVCacheLayout`` sizes the CPU block, its ``_init_multi_group``
 places each group in it, and the kernel stand-in faults on a misaligned 16-byte access.
@@ -6,7 +6,6 @@ places each group in it, and the kernel stand-in faults on a misaligned 16-byte 
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -17,9 +16,10 @@ from flexkv_adapter import AdapterError, adapt, hybrid_policy
 from flexkv_adapter.flexkv import groups, plan
 
 from ..test_whole_geometry import dsa_like, mla_fp4_like
+from .real_flexkv import needs_flexkv
 from .whole_pools import roundtrip
 
-pytestmark = pytest.mark.skipif(not os.environ.get("FLEXKV_SRC"), reason="FLEXKV_SRC (a FlexKV source tree) not set")
+pytestmark = needs_flexkv
 FEW = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
