@@ -1,0 +1,116 @@
+"""Two "nodes" on one machine: two network namespaces joined by a veth pair, and the faults.
+
+Names are unique per run (pid and a random tag), so two runs on one machine never share a
+namespace, a link or a subnet (``10.213.<random>.<4k+1,4k+2>/30``). :func:`two_nodes` deletes both
+namespaces (and with them the veth pair) in a ``finally``, whatever happened. Every ``ip`` call
+ends within ``IP_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+IP_TIMEOUT_S = 10.0
+UNUSED_MAC = "02:00:5e:00:28:01"  # locally administered, on no interface: frames to it go nowhere
+
+
+class NetnsUnavailable(Exception):
+    """``ip netns add`` was refused here (not root, no iproute2, no namespaces): the tier is skipped."""
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+@dataclass(frozen=True)
+class Node:
+    netns: str
+    dev: str
+    address: str
+
+    def exec_prefix(self) -> list[str]:
+        """Argv prefix that runs a command on this node (in its network namespace)."""
+        return ["ip", "netns", "exec", self.netns]
+
+
+@dataclass(frozen=True)
+class TwoNodes:
+    """Node A (the master's, node 0) and node B (start_remote's, node 1), one link between them."""
+
+    a: Node
+    b: Node
+
+    def link(self, up: bool) -> None:
+        """Cut (or restore) the link: B's end down takes the carrier off both ends."""
+        ip("-n", self.b.netns, "link", "set", self.b.dev, "up" if up else "down")
+
+    def black_hole(self, on: bool) -> None:
+        """A silent black hole: each node sends its frames for the other to a MAC nobody has, and
+        the link stays up. Both ways: one way alone still delivers what node A sends (the config)."""
+        for here, there in ((self.b, self.a), (self.a, self.b)):
+            if on:
+                ip("-n", here.netns, "neigh", "replace", there.address, "lladdr", UNUSED_MAC, "dev", here.dev,
+                   "nud", "permanent")  # fmt: skip
+            else:
+                ip("-n", here.netns, "neigh", "del", there.address, "dev", here.dev, check=False)
+
+    def carrier(self) -> bool:
+        """Both ends up with a carrier (LOWER_UP): frames can cross."""
+        shown = [ip("-n", n.netns, "link", "show", "dev", n.dev).stdout for n in (self.a, self.b)]
+        return all("LOWER_UP" in text.split(">", 1)[0] for text in shown)
+
+    def wait_carrier(self, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.carrier():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no carrier between {self.a.dev} and {self.b.dev} within {timeout_s:g} s")
+            time.sleep(0.02)
+
+
+def refusal() -> str | None:
+    """Why two namespaces cannot be made here, or None."""
+    if shutil.which("ip") is None:
+        return "no iproute2 (`ip`) on PATH"
+    if os.geteuid() != 0:
+        return "not root: `ip netns add` needs CAP_SYS_ADMIN"
+    return None
+
+
+@contextlib.contextmanager
+def two_nodes() -> Iterator[TwoNodes]:
+    """Create the pair for one test; both namespaces are deleted on the way out, whatever happens."""
+    why = refusal()
+    if why:
+        raise NetnsUnavailable(why)
+    tag = f"{os.getpid() % 0x10000:04x}{random.randrange(0x100):02x}"
+    third, quad = random.randrange(256), random.randrange(64)
+    a = Node(f"fkv-a-{tag}", f"fkva{tag}", f"10.213.{third}.{4 * quad + 1}")
+    b = Node(f"fkv-b-{tag}", f"fkvb{tag}", f"10.213.{third}.{4 * quad + 2}")
+    made: list[str] = []
+    try:
+        for node in (a, b):
+            done = ip("netns", "add", node.netns, check=False)
+            if done.returncode != 0:
+                raise NetnsUnavailable(f"`ip netns add` refused: {done.stderr.strip()}")
+            made.append(node.netns)
+        ip("link", "add", a.dev, "netns", a.netns, "type", "veth", "peer", "name", b.dev, "netns", b.netns)
+        for node in (a, b):
+            ip("-n", node.netns, "addr", "add", f"{node.address}/30", "dev", node.dev)
+            ip("-n", node.netns, "link", "set", "lo", "up")
+            ip("-n", node.netns, "link", "set", node.dev, "up")
+        nodes = TwoNodes(a, b)
+        nodes.wait_carrier()
+        yield nodes
+    finally:
+        for name in made:
+            ip("netns", "del", name, check=False)

@@ -1,0 +1,194 @@
+"""start_remote across a real network link: FlexKV's master on node A, start_remote on node B.
+
+Two network namespaces joined by a veth pair, each with its own non-loopback address
+(``10.213.x.y``, a fresh subnet per test), stand for node 0 and node 1. FlexKV's real
+``TransferManagerMultiNodeHandle`` (``../shared/flexkv-34ab141``, compiled parts replaced) binds
+node A's address; ``scripts/start_remote.py`` runs on node B with ``--master-host`` set to it and
+without ``--allow-loopback-master``, driving FlexKV's real ``TransferManagerOnRemote`` (its CUDA
+storage and transfer engines replaced). The faults are made on the link: cut (``ip link set
+down``: connects fail at once), or black-holed (a permanent neighbour entry to a MAC nobody has:
+packets vanish while the link stays up, the case loopback can never show).
+
+Limits of the simulation (real nodes differ here):
+
+- the two "nodes" share the filesystem and the process list. ipc sockets (the register port,
+  ready files) and start_remote's check for a FlexKV-spawned remote reach across them, which they
+  do not between machines; so each test has its own ipc directory, lock directory and master ports;
+- start_remote's lock is per ``lock_dir`` here: its machine-wide abstract unix socket lives in a
+  network namespace, so a remote on node A and one on node B would not see each other's;
+- the link is a veth pair: no switch, no MTU or routing problems, no clock skew, and delay or loss
+  (the kernel here has no netem) are not simulated.
+
+Without root or iproute2 every test is skipped and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+from .conftest import Deployment
+
+MASTER_LOST_S, PROBE_S, FAILED_VISIBLE_S = 2.0, 0.3, 0.2
+
+
+def _ready(d: Deployment, **flags: object):
+    """Master up on A, start_remote on B through handshake and registration to ready."""
+    master = d.master()
+    remote = d.start_remote(**flags)
+    remote.register(2)  # node B's ranks, importing meanwhile
+    master.wait_line("bound")
+    remote.wait_state("waiting_for_gpus")
+    master.wait_line("config-sent", 10)
+    remote.wait_state("ready", 30)
+    return master, remote
+
+
+def test_start_remote_on_node_b_reaches_ready_with_node_a_master(deployment: Deployment):
+    master, remote = _ready(deployment)
+    assert master.is_ready() is True  # FlexKV's query_ready, across the link, answered by the remote
+    ready = json.loads(remote.ready_file.read_text())
+    assert ready["state"] == "ready" and ready["master"] == f"{deployment.nodes.a.address}:{deployment.ports[0]}"
+    remote.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    code, at, err = remote.finish(10)
+    assert code == 0, err[-2000:]
+    assert at - sent < 3
+    assert "WARNING start_remote: master_host" not in err  # a private address: no public-address warning
+
+
+def test_link_down_while_ready_is_exit_13_after_master_lost(deployment: Deployment):
+    _, remote = _ready(deployment)
+    deployment.nodes.link(False)
+    cut = time.monotonic()
+    code, at, err = remote.finish(MASTER_LOST_S + 8)
+    assert code == 13, err[-2000:]
+    assert MASTER_LOST_S - 0.5 <= at - cut <= MASTER_LOST_S + PROBE_S + FAILED_VISIBLE_S + 2.5, at - cut
+    assert "lost master" in err
+
+
+def test_an_outage_shorter_than_master_lost_stays_ready(deployment: Deployment):
+    master, remote = _ready(deployment, master_lost=3)
+    deployment.nodes.link(False)
+    time.sleep(1.0)
+    deployment.nodes.link(True)
+    deployment.nodes.wait_carrier()
+    code, _ = remote.exit(4.0)  # past master_lost_s since the cut
+    assert code is None and remote.in_state("ready"), remote.err.text()[-2000:]
+    assert master.is_ready() is True
+
+
+def _exit_10_within(deployment: Deployment, fault, connect_timeout_s: float) -> float:
+    master = deployment.master()
+    master.wait_line("bound")
+    fault()
+    remote = deployment.start_remote(connect_timeout=connect_timeout_s)
+    waiting = remote.wait_state("waiting_for_master")
+    code, at, err = remote.finish(connect_timeout_s + 10)
+    assert code == 10, err[-2000:]
+    took = at - waiting
+    assert connect_timeout_s - 0.2 <= took <= connect_timeout_s + 1.0, (took, err[-2000:])
+    assert "not reachable within" in err
+    return took
+
+
+def test_link_down_before_connecting_is_exit_10_within_connect_timeout(deployment: Deployment):
+    _exit_10_within(deployment, lambda: deployment.nodes.link(False), 3)
+
+
+def test_black_holed_master_before_connecting_is_exit_10_within_connect_timeout(deployment: Deployment):
+    """Every connect only times out here: no poll may run past connect_timeout_s."""
+    _exit_10_within(deployment, lambda: deployment.nodes.black_hole(True), 3)
+
+
+def test_black_hole_while_ready_is_exit_13(deployment: Deployment):
+    _, remote = _ready(deployment)
+    deployment.nodes.black_hole(True)
+    cut = time.monotonic()
+    code, at, err = remote.finish(MASTER_LOST_S + 8)
+    assert code == 13, err[-2000:]
+    assert at - cut <= MASTER_LOST_S + PROBE_S + FAILED_VISIBLE_S + 2.5, at - cut
+
+
+def test_black_hole_before_the_config_is_exit_11_after_handshake_timeout(deployment: Deployment):
+    master = deployment.master(hold=True)  # bound, but node 0's engine has not sent its config yet
+    remote = deployment.start_remote(handshake_timeout=3)
+    handshake = remote.wait_state("handshake")
+    time.sleep(0.3)  # the ZMQ connections are up
+    deployment.nodes.black_hole(True)
+    master.send()  # into the black hole
+    code, at, err = remote.finish(15)
+    assert code == 11, err[-2000:]
+    assert 3 - 0.2 <= at - handshake <= 3 + 1.5, at - handshake
+    assert "no config from master" in err
+
+
+def test_an_outage_before_the_config_still_lets_it_arrive(deployment: Deployment):
+    master = deployment.master(hold=True)
+    remote = deployment.start_remote(handshake_timeout=10)
+    remote.register(2)
+    remote.wait_state("handshake")
+    time.sleep(0.3)
+    deployment.nodes.link(False)
+    master.send()
+    time.sleep(1.5)
+    deployment.nodes.link(True)
+    remote.wait_state("waiting_for_gpus", 10)  # TCP retransmits deliver the one config after the outage
+    remote.wait_state("ready", 30)
+    assert master.is_ready() is True
+
+
+def test_master_killed_is_exit_13_at_once_and_a_restarted_master_gets_a_new_remote(deployment: Deployment):
+    master, remote = _ready(deployment)
+    master.kill()
+    killed = time.monotonic()
+    code, at, err = remote.finish(10)
+    assert code == 13, err[-2000:]
+    assert at - killed < 1.5 + FAILED_VISIBLE_S, at - killed
+    again = deployment.master()  # node 0's engine restarted: same ports, a new config
+    fresh = deployment.start_remote()
+    fresh.register(2)
+    again.wait_line("bound")
+    fresh.wait_state("ready", 30)
+    assert again.is_ready() is True
+
+
+def _engine_wait(deployment: Deployment, node, health_port: int, absent_s: float):
+    """The engine side of ``remote: external`` (integrations/external_remote.py) run on ``node``."""
+    import subprocess
+
+    from ..remote_harness import ROOT, clean_env
+
+    code = (
+        "import sys\n"
+        "from flexkv_adapter import load_settings\n"
+        "from flexkv_adapter.integrations.external_remote import wait_for_start_remote, ExternalRemoteError\n"
+        f"s = load_settings(health_port={health_port}, remote_wait_s=20, remote_absent_s={absent_s})\n"
+        "try:\n"
+        f"    h = wait_for_start_remote(s, {deployment.nodes.a.address!r}, {tuple(map(str, deployment.ports))!r})\n"
+        "except ExternalRemoteError as exc:\n"
+        "    print('refused', exc); sys.exit(1)\n"
+        "print('proceeds', h.source)\n"
+    )
+    return subprocess.run(
+        [*node.exec_prefix(), sys.executable, "-c", code],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_remote_external_engine_on_node_b_waits_for_start_remote_across_the_link(deployment: Deployment):
+    health_port = 18000 + deployment.ports[0] % 1000
+    master = deployment.master()
+    remote = deployment.start_remote(health_port=health_port)
+    master.wait_line("bound")
+    seen = _engine_wait(deployment, deployment.nodes.b, health_port, absent_s=10)
+    assert seen.returncode == 0 and "proceeds" in seen.stdout, seen.stdout + seen.stderr[-2000:]
+    assert remote.in_state("waiting_for_gpus") or remote.in_state("starting_engine") or remote.in_state("ready")
+    remote.register(2)  # the engine's ranks register once the wait returned, as they do in SGLang
+    remote.wait_state("ready", 30)
+    assert master.is_ready() is True
+    # negative control: node A has no start_remote; its 127.0.0.1 is not node B's
+    elsewhere = _engine_wait(deployment, deployment.nodes.a, health_port, absent_s=1)
+    assert elsewhere.returncode == 1 and "not running on this node" in elsewhere.stdout, elsewhere.stdout
