@@ -181,11 +181,38 @@ def _owner_facts(owner: object, prefix: str, logical: object) -> dict[str, tuple
     return facts
 
 
-def _merged_facts(pool: object, owners: list[tuple[str, object]], logical: object) -> dict[str, tuple[int, str]]:
+def _prefix(path: str) -> str:
+    return f"pool.{path}." if path else "pool."
+
+
+def owners_fact(pool: object, owners: list[tuple[str, object]], name: str) -> tuple[object, str]:
+    """A descriptive attribute (``dtype``, ``store_dtype``, ``kv_cache_layout``) of every attrs= owner, and where
+    it was read: owners that disagree are an error, never one of them chosen silently. A tensor's own dtype
+    describes nothing."""
+    found = [
+        (v, f"{_prefix(p)}{name}")
+        for p, o in owners
+        if not isinstance(o, torch.Tensor) and (v := probe(o, name)) is not None
+    ]
+    for value, origin in found[1:]:
+        try:
+            differ = bool(value != found[0][0])
+        except Exception:  # values that cannot even be compared (tensors of several elements) do not agree
+            differ = True
+        if differ:
+            raise InconsistentLayersError(
+                f"{type(pool).__name__}: {found[0][1]}={short_repr(found[0][0])} but {origin}={short_repr(value)}; "
+                f"the attributes named by attrs= belong to pools that disagree"
+            )
+    return found[0] if found else (None, f"pool.{name}")
+
+
+def _merged_facts(pool: object, owners: list[tuple[str, object]]) -> dict[str, tuple[int, str]]:
     """The facts of every owner of the named attributes; two owners that disagree are an error."""
     merged: dict[str, tuple[int, str]] = {}
     for path, owner in owners:
-        for name, (value, origin) in _owner_facts(owner, f"pool.{path}." if path else "pool.", logical).items():
+        logical = None if isinstance(owner, torch.Tensor) else probe(owner, "dtype")
+        for name, (value, origin) in _owner_facts(owner, _prefix(path), logical).items():
             if value is None:
                 continue
             if name in merged and merged[name][0] != value:
@@ -203,13 +230,11 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
     facts: dict[str, Any] = {}
     sources: list[tuple[str, str]] = []
     owners = attr_owners(pool, given.get("attrs"))  # attrs= owners' metadata is read like a top-level pool's
-    owner = owners[0][1] if len(owners) == 1 else pool
-    logical = probe(owner, "dtype")
-    for name, (value, origin) in _merged_facts(pool, owners, logical).items():
-        if value < _POOL_MINIMUM.get(name, value):  # a 0 page size would divide by zero, a negative one trim up
+    for name, (value, origin) in _merged_facts(pool, owners).items():
+        if value < _POOL_MINIMUM.get(name, value) or value >= LIMIT:  # 0 divides by zero, a negative trims up
             raise InconsistentLayersError(
-                f"{type(pool).__name__}: {origin}={value} is out of range (must be >= {_POOL_MINIMUM[name]}); "
-                f"fix the pool metadata"
+                f"{type(pool).__name__}: {origin}={value} is out of range (must be >= {_POOL_MINIMUM.get(name, 0)} "
+                f"and below 2**40); fix the pool metadata"
             )
         if name in given and given[name] != value:
             raise InconsistentLayersError(
@@ -218,17 +243,16 @@ def resolve_geometry(pool: object, page_size: int | None, options: AdaptOptions)
             )
         facts[name] = value
         sources.append((name, origin))
-    stored = probe(owner, "store_dtype")
-    described = isinstance(logical, torch.dtype) and not isinstance(owner, torch.Tensor)  # a tensor's own dtype: no
-    if described and given.get("dtype", logical) not in (logical, stored):
+    (logical, where), (stored, _) = owners_fact(pool, owners, "dtype"), owners_fact(pool, owners, "store_dtype")
+    if isinstance(logical, torch.dtype) and given.get("dtype", logical) not in (logical, stored):
         raise InconsistentLayersError(
-            f"{type(pool).__name__}: option dtype={given['dtype']} contradicts pool.dtype={logical}"
+            f"{type(pool).__name__}: option dtype={given['dtype']} contradicts {where}={logical}"
             f"{f' (store_dtype={stored})' if isinstance(stored, torch.dtype) else ''}; drop the option or fix the pool"
         )
     facts.update(given)
     kind = facts.get("kind")
     axes: tuple[Axis, ...] | None = given.get("axes")
-    layout = probe(owner, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
+    layout, _ = owners_fact(pool, owners, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
     if axes is None and layout == "hnd":
         axes, kind = parse_axes("P H T D"), kind or "mha"
     elif axes is None and layout == "vectorized_5d":

@@ -49,12 +49,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
         spec = load_spec(spec_source)
         given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
         page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
-    if _is_hisparse(pool):
-        raise UnsupportedPoolError(
-            f"{type(pool).__name__} is a HiSparse pool: its device buffers hold only the hot subset of tokens, "
-            f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
-            f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
-        )
+    refuse_token_id_remaps(pool)
     if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
         if unused := sorted(set(given) - {"kind", "layer_ids"}):
             raise AdapterError(
@@ -99,6 +94,31 @@ def check_wrapper_page_size(pool: object, structure: hybrid.HybridStructure) -> 
             f"{type(pool).__name__}.page_size={outer} contradicts {structure.primary_attr}.page_size={inner}; "
             f"fix the pool metadata"
         )
+
+
+_SUB_POOLS = ("main_pool", "full_kv_pool", "swa_kv_pool", "index_kv_pool", "index_k_pool")
+
+
+def refuse_token_id_remaps(pool: object) -> None:
+    """Pools, or sub-pools, whose buffers are not indexed by the token ids the engine hands out: HiSparse
+    (a hot subset of tokens) and unified memory (kernel-facing physical ids). FlexKV would copy other rows."""
+    for attr, sub in [("", pool), *((a, probe(pool, a, tolerate=True)) for a in _SUB_POOLS)]:
+        if sub is None:
+            continue
+        where = f"{type(pool).__name__}{f'.{attr} ({type(sub).__name__})' if attr else ''}"
+        if _is_hisparse(sub):
+            raise UnsupportedPoolError(
+                f"{where} is a HiSparse pool: its device buffers hold only the hot subset of tokens, "
+                f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
+                f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
+            )
+        if probe(sub, "_unified_buffer", tolerate=True) is not None:
+            raise UnsupportedPoolError(
+                f"{where} is a unified-memory pool (--enable-unified-memory: views into one UnifiedKVPool, "
+                f"_unified_buffer): its buffers are indexed by physical, kernel-facing token ids, while SGLang's "
+                f"allocator and radix cache hand out virtual ones. FlexKV would store and restore other pages, "
+                f"another sub-pool's live ones among them. Serve without --enable-unified-memory to use FlexKV"
+            )
 
 
 def _is_hisparse(pool: object) -> bool:

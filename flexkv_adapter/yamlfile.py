@@ -29,16 +29,36 @@ MAX_NODES = 10_000  # composed nodes, counting every node an alias repeats
 MAX_DEPTH = 64
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _written_keys(node: MappingNode) -> list[tuple[tuple[str, str], Node]]:
+    """Every key a mapping writes: its own, and those each merge key (``<<``) brings in; a key written twice,
+    by a merge or not, is an error (PyYAML keeps one of them silently)."""
+    written: list[tuple[tuple[str, str], Node]] = []
+    merges = [(key, value) for key, value in node.value if isinstance(key, ScalarNode) and key.tag == _MERGE]
+    if len(merges) > 1:
+        raise ComposerError(None, None, "the merge key << appears twice in one mapping", merges[1][0].start_mark)
+    for key, value in node.value:
+        if isinstance(key, ScalarNode) and key.tag == _MERGE:
+            for merged in value.value if isinstance(value, SequenceNode) else [value]:
+                if isinstance(merged, MappingNode):
+                    written += [(k, key) for k, _ in _written_keys(merged)]
+        elif isinstance(key, ScalarNode):
+            written.append(((key.tag, key.value), key))
+    return written
+
+
 def _refuse_duplicate_keys(node: MappingNode) -> None:
     """PyYAML keeps the last of two equal keys; a setting written twice is a mistake to report."""
     seen: set[tuple[str, str]] = set()
-    for key, _ in node.value:
-        if isinstance(key, ScalarNode) and key.value != "<<":
-            if (key.tag, key.value) in seen:
-                raise ComposerError(
-                    None, None, f"key {clip(str(key.value), 60)!r} appears twice in one mapping", key.start_mark
-                )
-            seen.add((key.tag, key.value))
+    for key, where in _written_keys(node):
+        if key in seen:
+            how = " (a merge key << writes its keys too)" if where.tag == _MERGE else ""
+            raise ComposerError(
+                None, None, f"key {clip(str(key[1]), 60)!r} appears twice in one mapping{how}", where.start_mark
+            )
+        seen.add(key)
 
 
 class BoundedLoader(yaml.SafeLoader):
