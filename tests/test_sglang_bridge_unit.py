@@ -34,10 +34,16 @@ def test_keys_are_deterministic_and_injective(rid_a, att_a, rid_b, att_b):
 
 @given(st.text(), st.integers(0, 2**31))
 def test_completed_keys_map_back_to_equal_handles(rid, attempt):
+    from flexkv_adapter.integrations.sglang_outcomes import Agreement, Quarantine
+    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+
     bridge = BridgeConnector.__new__(BridgeConnector)
-    bridge._handle_type = Handle
-    bridge.connector = SimpleNamespace(check_completed_stores=lambda: [handle_key(Handle(rid, attempt))])
-    assert bridge.check_completed_stores() == [Handle(rid, attempt)]
+    bridge._handle_type, bridge.observed, bridge.leader = Handle, None, True
+    bridge.stores, bridge.quarantine = StoreKeys(), Quarantine(Agreement(None, False))
+    bridge.connector = SimpleNamespace(
+        check_completed_stores=lambda: [handle_key(Handle(rid, attempt)), handle_key(Handle(rid, attempt)) + "#store7"]
+    )
+    assert bridge.check_completed_stores() == [Handle(rid, attempt)] * 2  # a key this bridge did not make: parsed
 
 
 class Good:

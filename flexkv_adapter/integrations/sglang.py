@@ -17,6 +17,10 @@ installed:
   requests with a LoRA or cache_salt bypass FlexKV (:mod:`.sglang_namespaces`);
 * an AROUND hook on ``FlexKVRadixCache.release_aborted_request`` (``:481``): an aborted request's
   store that FlexKV still copies keeps its radix lock until it completes (:mod:`.sglang_aborts`);
+* an AFTER hook on ``FlexKVRadixCache.__init__`` (the bridge learns its radix cache) and AROUND hooks on
+  ``.init_load_back`` (slots FlexKV may still write stay quarantined) and ``.reset`` (FlexKV is emptied
+  first, or the flush fails), and in the scheduler process an AROUND hook on ``Scheduler.flush_cache``
+  that reports such a failure as False (:mod:`.sglang_flush`);
 * with ``remote: external``, a replacement of ``TransferManagerOnRemote.create_process`` that waits
   for ``scripts/start_remote.py`` instead of spawning a second remote (:mod:`.external_remote`).
 
@@ -50,6 +54,7 @@ from .sglang_checks import (
     installed_flexkv_api,
     skew_error,
 )
+from .sglang_flush import SCHEDULER_MODULE, register_radix_hooks
 from .sglang_namespaces import register_namespace_hooks
 from .sglang_refusals import own_connector_refusal
 
@@ -199,6 +204,7 @@ def install() -> None:
     if module_exists(RADIX_MODULE):
         hooked += register_namespace_hooks(HookRegistry, HookType, settings)
         hooked += register_abort_hook(HookRegistry, HookType)
+        hooked += register_radix_hooks(HookRegistry, HookType, SCHEDULER_MODULE in sys.modules)
     if settings.remote == "external" and module_exists(CREATE_PROCESS.rsplit(".", 2)[0]):
         HookRegistry.register(CREATE_PROCESS, _create_process(settings), HookType.REPLACE)
         hooked.append(f"{CREATE_PROCESS} (remote: external)")

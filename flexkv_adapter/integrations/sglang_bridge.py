@@ -4,188 +4,53 @@ SGLang's in-tree connector cannot register with current FlexKV, and FlexKV's own
 string ``rid`` where the radix cache passes a ``CacheRequestHandle``. :class:`BridgeConnector` is
 what the radix cache builds instead of the in-tree class: it owns FlexKV's connector and passes
 ``rid=<key of the handle>``. The key keeps ``attempt_id`` (disaggregated-prefill retries reuse
-``rid``) and is the same on every rank (FlexKV compares store keys across TP ranks).
+``rid``), is the same on every rank (FlexKV compares store keys across TP ranks) and is unique per
+store in flight (:mod:`.sglang_stores`).
 
-FlexKV's connector is checked before it is built, so a FlexKV that changes a method is refused
-by name instead of half-bridged. The pool is adapted by the plugin's hook on that connector's
-``__init__``, as when FlexKV's connector is built directly.
+Every FlexKV outcome passes through here: a load is "every slot on every rank" or a miss
+(:mod:`.sglang_outcomes`), slots FlexKV may still write stay quarantined, nothing FlexKV raises reaches
+SGLang's scheduler (the error is logged once, its FlexKV task cancelled, the call a miss), and a flush
+empties FlexKV or fails (:mod:`.sglang_flush`). Which connector is built, and the checks before:
+:mod:`.sglang_resolve`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import inspect
 import logging
-import os
-from dataclasses import dataclass
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import AdapterError
 from ..settings import load_settings
-from .sglang_aborts import STORE_LOCKS
-from .sglang_checks import installed_flexkv_api, skew_error
+from .sglang_flush import SCHEDULER_MODULE, flush
+from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
+from .sglang_resolve import (
+    CALLS,
+    FLEXKV_CONNECTOR_MODULE,
+    HANDLE_MODULE,
+    PREFIX,
+    ConnectorShape,
+    check_connector,
+    handle_key,
+    hooked_by,
+    missing_radix_hooks,
+    resolve_connector,
+)
+from .sglang_stores import StoreKeys
 
 logger = logging.getLogger(__name__)
-
-PREFIX = "flexkv_adapter (SGLang plugin)"  # every message of the SGLang plugin starts with it
-FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
-FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
-LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"
-HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
-RADIX_MODULE = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
-# The plugin's hooks on FlexKVRadixCache: (module of the hook, methods, what goes wrong without them,
-# whether ``sglang_namespaced_requests: shared`` turns them off).
-RADIX_HOOKS = (
-    ("flexkv_adapter.integrations.sglang_namespaces", ("match_prefix", "checkpoint"), "LoRA / cache_salt requests "
-     "would share KV across namespaces", True),
-    ("flexkv_adapter.integrations.sglang_aborts", ("release_aborted_request",), "an aborted request's slots could "
-     "be reused while FlexKV still stores them", False),
-)  # fmt: skip
-LOCKLESS = "the abort hook could keep no in-flight store's lock"
-WORKING_FLEXKV = (
-    "FlexKV b70205e (SGLang's in-tree connector), or FlexKV 94915c4 or later up to 34ab141 (tested) with its own "
-    "connector (flexkv.integration.sglang.connector, bridged by this plugin)"
-)
-
-# Leading parameters (after self), in order, that SGLang 0.5.23's calls bind to; "rid" receives the key.
-CALLS: dict[str, tuple[str, ...]] = {
-    "lookup_kv": ("token_ids", "token_mask", "rid"),
-    "store_kv": ("rid", "token_ids", "kv_indices"),
-    "retrieve_kv": ("rid", "slot_mapping"),
-    "start_load_kv_layerwise": ("rid", "slot_mapping"),
-    "release_pending": ("rid",),
-    "prefetch_async": ("rid", "token_ids"),
-    "check_prefetch_progress": ("rid",),
-    "cancel_prefetch": ("rid",),
-    "check_completed_stores": (),
-    "drain_launched_loads": (),
-    "register_layer_transfer_counter": ("kvcache",),
-    "reset": (),
-    "shutdown": (),
-}
-# What FlexKVRadixCache passes to the connector's constructor (all by keyword).
-INIT_KEYWORDS = (
-    "sgl_model_config", "server_args", "page_size", "kvcache", "tp_rank", "dp_rank", "pp_rank",
-    "attn_cp_rank", "pp_group", "attn_tp_group", "attn_cp_group",
-)  # fmt: skip
-
-
-def handle_key(handle: Any) -> str:
-    """FlexKV's ``rid`` for a ``CacheRequestHandle``: deterministic, injective (parsed from the right)."""
-    return f"{handle.rid}@attempt{int(handle.attempt_id)}"
-
-
-def _method_problem(cls: type, name: str, leading: tuple[str, ...]) -> str | None:
-    fn = inspect.getattr_static(cls, name, None)
-    if fn is None or not callable(fn):
-        return f"{name}() is missing"
-    params = list(inspect.signature(fn).parameters.values())[1:]  # without self
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if positional[: len(leading)] != list(leading):
-        return f"{name}() takes ({', '.join(positional)}) where ({', '.join(leading)}) is expected first"
-    required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    extra = [n for n in required if n not in leading]
-    return f"{name}() requires {extra}, which SGLang does not pass" if extra else None
-
-
-@dataclass(frozen=True)
-class ConnectorShape:
-    """FlexKV's connector class, checked; which methods also take ``sglang_req_id`` (for FlexKV's logs)."""
-
-    cls: type
-    takes_req_id: frozenset[str]
-
-
-def check_connector(cls: type) -> ConnectorShape:
-    """Refuse, naming the method, a FlexKV connector that does not answer a call SGLang 0.5.23 makes."""
-    problems = [p for name, leading in CALLS.items() if (p := _method_problem(cls, name, leading))]
-    init = inspect.signature(inspect.getattr_static(cls, "__init__")).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in init.values()):
-        missing = [k for k in INIT_KEYWORDS if k not in init]
-        if missing:
-            problems.append(f"__init__() does not take {missing}")
-    required = [
-        n for n, p in list(init.items())[1:] if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if extra := [n for n in required if n not in INIT_KEYWORDS]:
-        problems.append(f"__init__() requires {extra}, which SGLang does not pass")
-    if problems:
-        raise AdapterError(
-            f"FlexKV's own SGLang connector ({cls.__module__}.{cls.__qualname__}) does not answer every call "
-            f"SGLang 0.5.23's FlexKVRadixCache makes: {'; '.join(problems)}. Working FlexKV versions: {WORKING_FLEXKV}"
-        )
-    takes = frozenset(n for n in ("lookup_kv", "store_kv", "prefetch_async") if "sglang_req_id" in _params(cls, n))
-    return ConnectorShape(cls, takes)
-
-
-def _params(cls: type, name: str) -> Any:
-    return inspect.signature(inspect.getattr_static(cls, name)).parameters
-
-
-def _hooked_by(fn: Any, module: str) -> bool:
-    """Whether a HookRegistry wrapper around ``fn`` (its closure, down the ``__wrapped__`` chain) calls ``module``."""
-    while fn is not None:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if getattr(cell.cell_contents, "__module__", None) == module:
-                    return True
-            except ValueError:  # an empty cell
-                continue
-        fn = getattr(fn, "__wrapped__", None)
-    return False
-
-
-def missing_radix_hooks() -> list[str]:
-    """The plugin's FlexKVRadixCache hooks that are not in place (SGLang logs a hook that fails to apply and
-    serves on), each with what goes wrong without it."""
-    shared = load_settings().sglang_namespaced_requests == "shared"
-    radix = importlib.import_module(RADIX_MODULE).FlexKVRadixCache
-    init = getattr(inspect.unwrap(radix.__init__), "__code__", None)
-    unset = [n for n in STORE_LOCKS if n not in getattr(init, "co_names", ())]  # what the abort hook reads
-    return [
-        f"FlexKVRadixCache.{m} ({harm})"
-        for module, methods, harm, optional in RADIX_HOOKS
-        if not (optional and shared)
-        for m in methods
-        if not _hooked_by(getattr(radix, m, None), module)
-    ] + [f"FlexKVRadixCache.release_aborted_request (its __init__ sets no {' or '.join(unset)}: {LOCKLESS})"] * bool(
-        unset
-    )
-
-
-def resolve_connector(environ: Any = os.environ) -> tuple[ConnectorShape, str]:
-    """FlexKV's connector if the in-tree one is skewed and FlexKV's answers SGLang; else the refusal."""
-    if environ.get(LAYERWISE_ENV, "0").strip() not in ("", "0"):
-        raise AdapterError(
-            f"{LAYERWISE_ENV}={environ[LAYERWISE_ENV]}: SGLang's layerwise FlexKV path (synthetic per-process "
-            f"handles, start_load_kv_layerwise) is not proven through the bridge; unset it to serve synchronously"
-        )
-    api = installed_flexkv_api()
-    skew = skew_error(api)
-    if skew is None:
-        raise AdapterError(
-            "the installed FlexKV matches SGLang's in-tree connector and also ships its own SGLang connector; "
-            f"this combination is unproven and not served. Working FlexKV versions: {WORKING_FLEXKV}"
-        )
-    try:
-        module = importlib.import_module(FLEXKV_CONNECTOR_MODULE)
-        shape = check_connector(module.FlexKVConnector)
-        if not hasattr(importlib.import_module(FLEXKV_COMM_MODULE).FlexKVScatterChannel, "STORE_START"):
-            raise AdapterError(
-                "FlexKV's own connector predates FlexKV 94915c4 (#263, no STORE_START scatter channel): at TP > 1 its "
-                "non-leader ranks return -1 from store_kv and SGLang frees the slots while the host copy still reads "
-                f"them. Working FlexKV versions: {WORKING_FLEXKV}"
-            )
-    except (ImportError, AttributeError) as exc:
-        raise AdapterError(f"{skew}. FlexKV's own connector cannot be used: {type(exc).__name__}: {exc}") from exc
-    except AdapterError as exc:
-        raise AdapterError(f"{skew}. {exc}") from exc
-    return shape, "; ".join(api.in_tree_mismatches())
+FLUSH_MODULE = "flexkv_adapter.integrations.sglang_flush"
 
 
 class BridgeConnector:
     """SGLang's FlexKVRadixCache calls (``handle=``) translated to FlexKV's connector (``rid=``)."""
+
+    stale = False  # a flush did not empty FlexKV: bypass it until one does
+    radix: Any = None  # the FlexKVRadixCache (attached by the plugin's hook on its __init__)
 
     def __init__(self, **kwargs: Any) -> None:
         try:
@@ -200,6 +65,7 @@ class BridgeConnector:
                     f"hooks' log)"
                 )
             shape, why = resolve_connector()
+            wait_s = load_settings().reset_wait_s
         except AdapterError as exc:
             raise AdapterError(f"{PREFIX}, choosing the connector for FlexKVRadixCache: {exc}") from exc
         logger.info(
@@ -210,10 +76,29 @@ class BridgeConnector:
         self._takes_req_id = shape.takes_req_id
         self._handle_type: Any = None  # SGLang's CacheRequestHandle, seen on the first call
         self.connector = shape.cls(**kwargs)
+        sync = getattr(self.connector, "_sync_ctx", None)
+        self.leader = bool(getattr(sync, "is_sync_leader", True))
+        self.agreement = Agreement(kwargs.get("attn_tp_group"), bool(getattr(sync, "needs_sync", False)))
+        manager = getattr(self.connector, "kv_manager", None)
+        self.observed = ObservedManager(manager) if manager is not None else None
+        if self.observed is not None:
+            self.connector.kv_manager = self.observed  # records what each call did; changes nothing
+        self.quarantine = Quarantine(self.agreement)
+        self.stores = StoreKeys()
+        self._wait_s, self._clean = wait_s, False
 
     @property
     def enable_layerwise(self) -> bool:
         return bool(self.connector.enable_layerwise)
+
+    @property
+    def manager(self) -> Any:
+        """FlexKV's KVManager itself (leader only; None elsewhere)."""
+        return self.observed.manager if self.observed is not None else getattr(self.connector, "kv_manager", None)
+
+    def attach(self, radix: Any) -> None:
+        self.radix = radix
+        self.quarantine.allocator = radix.token_to_kv_pool_allocator
 
     def _key(self, handle: Any) -> str:
         self._handle_type = type(handle)
@@ -222,24 +107,96 @@ class BridgeConnector:
     def _req_id(self, method: str, handle: Any) -> dict[str, Any]:
         return {"sglang_req_id": handle.rid} if method in self._takes_req_id else {}
 
+    @contextlib.contextmanager
+    def _watch(self) -> Iterator[Seen]:
+        self._clean = False
+        if self.observed is None:
+            yield Seen()
+        else:
+            with self.observed.watching() as seen:
+                yield seen
+
+    def _cancel(self, task_ids: list[int]) -> None:
+        """Cancel FlexKV tasks an error left behind (they hold FlexKV's CPU radix nodes and staging blocks)."""
+        if task_ids and self.leader and self.manager is not None:
+            try:
+                self.manager.cancel(task_ids)
+            except Exception as exc:
+                logger.warning("%s: cancelling FlexKV task(s) %s failed too: %s", PREFIX, task_ids, exc)
+
+    def _failed(self, what: str, key: Any, exc: BaseException | str, outcome: str) -> None:
+        logger.warning("%s: FlexKV's %s for %r failed (%s); %s", PREFIX, what, key,
+                       exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}", outcome)  # fmt: skip
+
     def lookup_kv(self, token_ids: Any, token_mask: Any, handle: Any = None) -> Any:
-        if handle is None:
-            return self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=None)
-        extra = self._req_id("lookup_kv", handle)
-        return self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=self._key(handle), **extra)
+        if self.stale:
+            return -1, 0
+        key = None if handle is None else self._key(handle)
+        extra = {} if handle is None else self._req_id("lookup_kv", handle)
+        with self._watch() as seen:
+            try:
+                return self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
+            except Exception as exc:
+                self._cancel(seen.created)
+                self._failed("lookup", key, exc, "served as a miss")
+                return -1, 0
 
-    def store_kv(self, handle: Any, token_ids: Any, kv_indices: Any) -> Any:
-        extra = self._req_id("store_kv", handle)
-        return self.connector.store_kv(rid=self._key(handle), token_ids=token_ids, kv_indices=kv_indices, **extra)
-
-    def retrieve_kv(self, handle: Any, slot_mapping: Any) -> Any:
-        return self.connector.retrieve_kv(self._key(handle), slot_mapping)
+    def retrieve_kv(self, handle: Any, slot_mapping: Any) -> int:
+        """Every slot on every rank, or 0; slots FlexKV may still write are quarantined (SGLang frees the rest)."""
+        key, count = self._key(handle), int(slot_mapping.numel())
+        tid = int(getattr(self.connector, "_pending_lookups", {}).get(key, -1))
+        returned, error = None, None
+        with self._watch() as seen:
+            try:
+                returned = int(self.connector.retrieve_kv(key, slot_mapping))
+            except Exception as exc:
+                error = exc
+        if error is not None and self.leader and seen.manager_error is not None and self.agreement.active:
+            self.connector._sync_ctx.barrier()  # FlexKV raised before the barrier its other ranks wait in (:644-698)
+        local = load_outcome(self.leader, seen, tid, count, returned, error is not None)
+        if local == 0 and tid >= 0 and tid not in seen.launched:
+            self._cancel([tid])  # never launched (launch raised): the get task still holds FlexKV's match
+        agreed = self.agreement.min([local])[0]
+        if agreed == count > 0:
+            return count
+        if agreed == QUARANTINE:
+            self.quarantine.add(tid if self.leader else -1, slot_mapping)
+        if local != count:
+            why = error or f"task {tid}: {seen.waits.get(tid, 'not launched')}, {returned} of {count} slots"
+            outcome = "quarantined until FlexKV's copy ends" if agreed == QUARANTINE else "its slots are freed"
+            self._failed("load", key, why, f"served as a miss; {outcome}")
+        return 0
 
     def start_load_kv_layerwise(self, handle: Any, slot_mapping: Any) -> Any:
         return self.connector.start_load_kv_layerwise(handle_key(handle), slot_mapping)
 
     def release_pending(self, handle: Any) -> None:
-        self.connector.release_pending(handle_key(handle))
+        try:
+            self.connector.release_pending(handle_key(handle))
+        except Exception as exc:
+            self._failed("release of a held lookup", handle_key(handle), exc, "ignored")
+
+    def store_kv(self, handle: Any, token_ids: Any, kv_indices: Any) -> Any:
+        """FlexKV's task id, or -1 (nothing stored: SGLang unlocks the node); a failed launch's put is cancelled."""
+        if self.stale:
+            return -1
+        key, extra = self.stores.key(handle, self._key(handle)), self._req_id("store_kv", handle)
+        tid, error = -1, None
+        with self._watch() as seen:
+            try:
+                tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices, **extra))
+            except Exception as exc:
+                error = exc
+                self._cancel([t for t in seen.created if t not in seen.launched])
+        worst, best = self.agreement.min([int(error is None), -int(error is None)])
+        if error is None:
+            if tid >= 0:
+                self.stores.started(handle, key, self.radix)
+            return tid
+        if worst != -best:  # another rank's FlexKV tracks this store and its copy reads this rank's slots too
+            raise AdapterError(f"{PREFIX}: FlexKV's store of {key!r} started on some TP ranks only: {error}") from error
+        self._failed("store", key, error, "nothing stored")
+        return -1
 
     def prefetch_async(self, handle: Any, token_ids: Any) -> Any:
         return self.connector.prefetch_async(self._key(handle), token_ids, **self._req_id("prefetch_async", handle))
@@ -248,23 +205,40 @@ class BridgeConnector:
         return self.connector.check_prefetch_progress(handle_key(handle))
 
     def cancel_prefetch(self, handle: Any) -> None:
-        self.connector.cancel_prefetch(handle_key(handle))
+        try:
+            self.connector.cancel_prefetch(handle_key(handle))
+        except Exception as exc:
+            self._failed("prefetch cancel", handle_key(handle), exc, "ignored")
 
     def check_completed_stores(self) -> list[Any]:
-        """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank)."""
-        return [self._handle(key) for key in self.connector.check_completed_stores()]
+        """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank); quarantined
+        loads whose copy ended give their slots back."""
+        keys = self.connector.check_completed_stores()
+        self.quarantine.poll(self.manager, self.leader)
+        return [self.stores.completed(key) or self._handle(key) for key in keys]
 
     def _handle(self, key: str) -> Any:
         """The handle the key was made from: equal to SGLang's (a frozen dataclass of rid, attempt_id)."""
         rid, _, attempt = key.rpartition("@attempt")
         handle_type = self._handle_type or importlib.import_module(HANDLE_MODULE).CacheRequestHandle
-        return handle_type(rid=rid, attempt_id=int(attempt))
+        return handle_type(rid=rid, attempt_id=int(attempt.partition("#store")[0]))
+
+    def flush(self) -> None:
+        """Empty FlexKV (see :mod:`.sglang_flush`); raises FlushError where SGLang's flush_cache can report it."""
+        scheduler = getattr(sys.modules.get(SCHEDULER_MODULE), "Scheduler", None)
+        flush(self, self._wait_s, hooked_by(getattr(scheduler, "flush_cache", None), FLUSH_MODULE))
+        self._clean = not self.stale
+
+    def reset(self) -> None:
+        """FlexKVRadixCache.reset's last step; the plugin's hook on it flushed FlexKV already (then nothing to do)."""
+        if not self._clean:
+            self.flush()
 
     def __getattr__(self, name: str) -> Any:
-        """Everything else (drain_launched_loads, reset, shutdown, ...) is FlexKV's, unchanged."""
+        """Everything else (drain_launched_loads, shutdown, ...) is FlexKV's, unchanged."""
         if name == "connector":
             raise AttributeError(name)
         return getattr(self.connector, name)
 
 
-__all__ = ["BridgeConnector", "ConnectorShape", "check_connector", "handle_key", "resolve_connector"]
+__all__ = ["CALLS", "PREFIX", "BridgeConnector", "ConnectorShape", "check_connector", "handle_key", "resolve_connector"]

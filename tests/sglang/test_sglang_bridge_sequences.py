@@ -105,7 +105,10 @@ def test_negative_control_keys_parsed_from_the_left_lose_completions(sglang_env,
         rid, _, rest = key.partition("@attempt")
         return CacheRequestHandle(rid=rid, attempt_id=int(rest.rpartition("@attempt")[2]))
 
+    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+
     monkeypatch.setattr(BridgeConnector, "_handle", first_split)
+    monkeypatch.setattr(StoreKeys, "completed", lambda self, key: None)  # every completion parsed from its key
     sglang_env.use("serving")
     sglang_env.load()
     with pytest.raises(AssertionError):

@@ -26,8 +26,11 @@ from . import flexkv_standin as fk
 from .connectors import OWN_MODULE, Renamed, assert_registered_as_pool, build
 from .pools import DSA_ARGS, mamba_hybrid, mha_pool, mla_pool, mp, swa
 
-# the namespace hooks, and the abort hook (sglang_aborts)
-NAMESPACE_HOOKS = {f"{RADIX_CLASS}.{m}" for m in ("match_prefix", "checkpoint", "release_aborted_request")}
+# the namespace hooks, the abort hook (sglang_aborts) and the load / store / flush hooks (sglang_flush)
+NAMESPACE_HOOKS = {
+    f"{RADIX_CLASS}.{m}"
+    for m in ("match_prefix", "checkpoint", "release_aborted_request", "__init__", "init_load_back", "reset")
+}
 
 # --- opt-in, discovery, no-op -----------------------------------------------------------------------
 

@@ -1,0 +1,201 @@
+"""Every FlexKV outcome of an SGLang load becomes "loaded N on every rank" or a miss, in one place.
+
+FlexKV's connector (34ab141) answers ``retrieve_kv`` with a slot count that hides what happened:
+non-leader ranks return the full count whatever the leader's copy did (connector.py:634, :694), a
+copy past ``wait``'s 30 s deadline returns 0 while FlexKV still writes the slots (:666;
+kvtask.py:1097-1104), and a launch error is re-raised on the leader before the barrier its peers wait
+in (:644-655). :class:`ObservedManager` records what the leader's ``KVManager`` did during a call;
+:func:`load_outcome` classifies it; :class:`Agreement` makes every TP rank take the same answer;
+:class:`Quarantine` keeps slots FlexKV may still write until FlexKV reports the task ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# A task in one of these states no longer touches GPU memory (FlexKV's own terminal set, connector.py:84).
+ENDED = frozenset({"success", "failed", "cancelled", "not_found"})
+QUARANTINE = -1  # the agreed answer "FlexKV may still write these slots"
+
+
+def status_of(response: Any) -> str:
+    """FlexKV's ``KVResponse`` status as its connector spells it (``_status_value``)."""
+    status = getattr(response, "status", None)
+    value = getattr(status, "value", status)
+    return str(value).lower() if value is not None else "missing"
+
+
+@dataclass
+class Seen:
+    """What FlexKV's KVManager did during one bridge call (leader only)."""
+
+    created: list[int] = field(default_factory=list)  # get_match / put_match task ids
+    launched: list[int] = field(default_factory=list)  # launch() returned for these
+    waits: dict[int, str] = field(default_factory=dict)  # wait() statuses
+    manager_error: BaseException | None = None  # launch() or wait() raised
+
+
+class ObservedManager:
+    """The leader's KVManager, unchanged, recording each call's tasks for the bridge."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.seen = Seen()
+
+    def get_match(self, *args: Any, **kwargs: Any) -> Any:
+        return self._created(self.manager.get_match(*args, **kwargs))
+
+    def put_match(self, *args: Any, **kwargs: Any) -> Any:
+        return self._created(self.manager.put_match(*args, **kwargs))
+
+    def _created(self, result: Any) -> Any:
+        if isinstance(result, tuple) and result and isinstance(result[0], int) and result[0] >= 0:
+            self.seen.created.append(result[0])
+        return result
+
+    def launch(self, *args: Any, **kwargs: Any) -> Any:
+        ids = list(kwargs.get("task_ids", args[0] if args else []))
+        try:
+            result = self.manager.launch(*args, **kwargs)
+        except BaseException as exc:
+            self.seen.manager_error = exc
+            raise
+        self.seen.launched += ids
+        return result
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = self.manager.wait(*args, **kwargs)
+        except BaseException as exc:
+            self.seen.manager_error = exc
+            raise
+        self.seen.waits.update({tid: status_of(r) for tid, r in (result or {}).items()})
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "manager":
+            raise AttributeError(name)
+        return getattr(self.manager, name)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[Seen]:
+        self.seen = Seen()
+        yield self.seen
+
+
+class Agreement:
+    """MIN over the attention TP ranks (gloo CPU group), only where FlexKV's connector itself syncs."""
+
+    def __init__(self, attn_tp_group: Any, needs_sync: bool) -> None:
+        self.group = getattr(attn_tp_group, "cpu_group", attn_tp_group)
+        self.active = bool(needs_sync) and self.group is not None
+
+    def min(self, values: list[int]) -> list[int]:
+        if not self.active or not values:
+            return list(values)
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group)
+        return [int(v) for v in tensor.tolist()]
+
+
+def load_outcome(leader: bool, seen: Seen, tid: int, count: int, returned: int | None, raised: bool) -> int:
+    """This rank's answer for one load: ``count`` (every slot written), 0 (a miss, nothing writes the slots)
+    or :data:`QUARANTINE` (FlexKV launched a copy whose end it has not reported)."""
+    if not leader:
+        return count if not raised and returned == count else 0
+    status = seen.waits.get(tid, "")
+    if not raised and status == "success" and returned == count:
+        return count
+    if tid in seen.launched and status not in ENDED:
+        return QUARANTINE  # past the deadline (timeout), or wait() raised: the copy may still run
+    return 0
+
+
+@dataclass
+class _Held:
+    tid: int  # the leader's FlexKV task (-1 on other ranks)
+    slots: torch.Tensor
+
+
+class Quarantine:
+    """Slots of loads FlexKV may still write: SGLang's free of them is withheld until FlexKV reports the end.
+
+    The entries are the same, in the same order, on every TP rank (they come from agreed outcomes), and a
+    release is agreed too: the leader's FlexKV task decides for all ranks (it writes every rank's slots).
+    """
+
+    def __init__(self, agreement: Agreement) -> None:
+        self.agreement = agreement
+        self.held: list[_Held] = []
+        self.allocator: Any = None
+        self._withheld: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def add(self, tid: int, slots: torch.Tensor) -> None:
+        self.held.append(_Held(tid, slots.detach().to("cpu", torch.int64).clone()))
+        self._withheld.update(int(s) for s in self.held[-1].slots.tolist())
+
+    @contextlib.contextmanager
+    def withholding(self, allocator: Any) -> Iterator[None]:
+        """While SGLang's init_load_back runs: its ``free`` of quarantined slots keeps them here."""
+        self.allocator = allocator
+        had = "free" in vars(allocator)
+        real = allocator.free
+
+        def free(free_index: Any) -> Any:
+            if self._withheld and isinstance(free_index, torch.Tensor) and free_index.numel():
+                withheld = torch.tensor(sorted(self._withheld), dtype=free_index.dtype, device=free_index.device)
+                free_index = free_index[~torch.isin(free_index, withheld)]
+                if not free_index.numel():
+                    return None
+            return real(free_index)
+
+        allocator.free = free
+        try:
+            yield
+        finally:
+            if had:
+                allocator.free = real
+            else:
+                del allocator.free
+
+    def poll(self, manager: Any, leader: bool) -> int:
+        """Give back the slots of every task FlexKV reports ended (a collective when anything is held)."""
+        if not self.held:
+            return 0
+        flags = [1] * len(self.held)
+        if leader and manager is not None:
+            tids = [h.tid for h in self.held]
+            try:
+                responses = manager.try_wait(tids) or {}
+            except Exception as exc:  # FlexKV unreachable: keep the slots
+                logger.warning("flexkv_adapter (SGLang plugin): FlexKV's try_wait failed (%s); %d quarantined load(s) "
+                               "keep their slots", exc, len(tids))  # fmt: skip
+                responses = {}
+            flags = [int(status_of(responses.get(t)) in ENDED) for t in tids]
+        flags = self.agreement.min(flags)
+        ended = [h for h, f in zip(self.held, flags, strict=True) if f]
+        self.held = [h for h, f in zip(self.held, flags, strict=True) if not f]
+        for h in ended:
+            self._withheld.difference_update(int(s) for s in h.slots.tolist())
+            if self.allocator is not None:
+                self.allocator.free(h.slots)
+        if ended:
+            logger.info("flexkv_adapter (SGLang plugin): %d quarantined load(s) ended; their slots are free again",
+                        len(ended))  # fmt: skip
+        return len(ended)
+
+
+__all__ = ["ENDED", "QUARANTINE", "Agreement", "ObservedManager", "Quarantine", "Seen", "load_outcome", "status_of"]

@@ -1,0 +1,63 @@
+"""One FlexKV key per store, and one SGLang lock per store, even when a request id comes back.
+
+SGLang 0.5.23 lets a finished request's rid be used again at attempt 0 (tokenizer_manager.py:3833-3837).
+While the first request's store still runs, both stores would share FlexKV's key (``_inflight_stores[rid]``,
+connector.py:1180) and SGLang's ``_inflight_store_nodes[handle]`` (flexkv_radix_cache.py:440-441): the first
+node stays locked for the life of the server. :class:`StoreKeys` gives a store whose handle already has a
+store in flight a key of its own, and moves SGLang's entry of the earlier store to a handle of its own, so
+each completion unlocks its own node.
+
+A key depends only on the sequence of ``store_kv`` calls, which is the same on every TP rank (FlexKV
+compares store keys across ranks, connector.py:1146).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StoreKeys:
+    """FlexKV key -> the SGLang handle its completion reports; per handle, its stores in flight (oldest first)."""
+
+    reports: dict[str, Any] = field(default_factory=dict)
+    owner: dict[str, Any] = field(default_factory=dict)  # key -> the request's own handle
+    by_handle: dict[Any, list[str]] = field(default_factory=dict)
+    count: int = 0
+
+    def key(self, handle: Any, base: str) -> str:
+        """``base`` (the handle's key) for the only store of a handle, else ``base#store<n>``."""
+        self.count += 1
+        return base if handle not in self.by_handle else f"{base}#store{self.count}"
+
+    def started(self, handle: Any, key: str, radix: Any) -> None:
+        """A store FlexKV tracks: an earlier store of an equal handle keeps its SGLang lock under its own handle."""
+        earlier = self.by_handle.get(handle, [])
+        if earlier and radix is not None:
+            shadow = type(handle)(rid=f"{handle.rid}\x00{earlier[-1]}", attempt_id=handle.attempt_id)
+            with radix._node_lock:
+                node = radix._inflight_store_nodes.pop(handle, None)
+                if node is not None:
+                    radix._inflight_store_nodes[shadow] = node
+            self.reports[earlier[-1]] = shadow
+        self.by_handle.setdefault(handle, []).append(key)
+        self.reports[key] = self.owner[key] = handle
+
+    def completed(self, key: str) -> Any:
+        """The handle SGLang unlocks for ``key`` (None for a key this table never saw)."""
+        handle, real = self.reports.pop(key, None), self.owner.pop(key, None)
+        keys = self.by_handle.get(real, [])
+        if key in keys:
+            keys.remove(key)
+            if not keys:
+                del self.by_handle[real]
+        return handle
+
+    def clear(self) -> None:
+        self.reports.clear()
+        self.owner.clear()
+        self.by_handle.clear()
+
+
+__all__ = ["StoreKeys"]
