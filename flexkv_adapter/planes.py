@@ -139,10 +139,10 @@ def _plane(
     """A plane from its per-layer tensors: token-indexed (kv_rows rows) or page-indexed (kv_rows / page).
 
     Its tensors pass the gate first (real memory, read twice, layers x (K, V) of them, no overlap)."""
-    name = "/".join(names) if len(names) > 1 else names[0]
-    prefix = name.rpartition(".")[0]
+    prefix, attrs = names[0].rpartition(".")[0], [n.rpartition(".")[2] for n in names]
+    name = f"{prefix}.{'/'.join(attrs)}" if prefix else "/".join(attrs)
     flat = tuple(t for ts in lists for t in ts)
-    group = Group(name, flat, tuple(ids), len(lists), _again(owner, [n.rpartition(".")[2] for n in names]))
+    group = Group(name, flat, tuple(ids), len(lists), _again(owner, attrs))
     admit(f"{type(owner).__name__}{'' if not prefix else ' (' + prefix + ')'}", [group])
     first = lists[0][0]
     rows, row = first.shape[0], first[0].numel()

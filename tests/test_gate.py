@@ -71,7 +71,7 @@ def test_more_scale_tensors_than_kv_layers_are_refused_not_read_as_other_layers(
 
 def test_an_index_pool_with_more_layers_than_its_mapping_is_refused():
     pool = minimax_like([0, 1, 2], [1], index_layers=2)
-    both_refuse(pool, InconsistentLayersError, r"index_kv_pool.k_buffer/index_kv_pool.v_buffer has 4 tensors for 1")
+    both_refuse(pool, InconsistentLayersError, r"index_kv_pool.k_buffer/v_buffer has 4 tensors for 1")
     assert len(plan(minimax_like([0, 1, 2], [1, 2])).groups) == 2
 
 
