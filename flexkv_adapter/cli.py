@@ -72,21 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser(
-        "demo", parents=[verbose], help="adapt one small CPU pool of every supported kind and print a table"
-    )
+    def command(name: str, what: str) -> argparse.ArgumentParser:
+        # help= is the line in the command list; description= the first line of `COMMAND --help`
+        return sub.add_parser(name, parents=[verbose], help=what, description=what[0].upper() + what[1:] + ".")
+
+    demo = command("demo", "adapt one small CPU pool of every supported kind and print a table")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=_cmd_demo)
-    doctor = sub.add_parser(
-        "doctor", parents=[verbose], help="preflight: environment, FlexKV, resolved settings and their sources"
-    )
+    doctor = command("doctor", "preflight: environment, FlexKV, engines, resolved settings and their sources")
     doctor.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--require-flexkv", action="store_true", help="treat a missing FlexKV as an error")
     doctor.set_defaults(func=_cmd_doctor)
-    inspect = sub.add_parser(
-        "inspect", parents=[verbose], help="validate layout spec YAML files and explain what they mean"
-    )
+    inspect = command("inspect", "validate layout spec YAML files and explain what they mean")
     inspect.add_argument("specs", nargs="+", help="spec files (see configs/layouts/)")
     inspect.add_argument("--json", action="store_true", help="one JSON object per spec")
     inspect.set_defaults(func=_cmd_inspect)

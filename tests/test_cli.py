@@ -30,8 +30,38 @@ def test_demo_adapts_every_supported_kind_and_refuses_the_rest(capsys):
 def test_demo_table(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split()[:2] == ["source", "recognizer"]
-    assert "sglang MHA" in out and "refused: NotAddressableError [" in out
+    lines = out.splitlines()
+    assert lines[0].split() == ["source", "view", "layers", "excl", "rows", "aliased", "copied"]
+    assert "sglang MHA" in out and "MHA sglang-mha" in out and "refused [" in out
+    assert max(map(len, lines)) <= 100
+    assert "expected refusal, NotAddressableError:" in out  # the class is in the note a row points to
+
+
+def test_demo_notes_give_each_long_explanation_once(capsys):
+    assert main(["demo", "--json"]) == 0
+    pools = json.loads(capsys.readouterr().out)["pools"]
+    swa = "(sliding-window KV in swa_kv_pool"
+    assert sum(json.dumps(p).count(swa) for p in pools) >= 4  # JSON keeps every error in full
+    assert main(["demo"]) == 0
+    notes = capsys.readouterr().out.partition("\nNotes")[2]
+    assert notes.count(swa) == 1 and "(as above)" in notes and "(as in [1])" in notes
+
+
+def test_once_points_later_notes_to_the_first_and_keeps_short_ones():
+    from flexkv_adapter.demo import once
+
+    long = "(" + "x" * 60 + ")"
+    notes = once([f"a {long} b {long} (short)", f"c {long} (short)", "d"])
+    assert notes == [f"a {long} b (as above) (short)", "c (as in [1]) (short)", "d"]
+
+
+@pytest.mark.parametrize("command", ["demo", "doctor", "inspect"])
+def test_each_subcommand_help_starts_with_a_description(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    description = lines[lines.index("") + 1]
+    assert description[0].isupper() and description.endswith(".") and len(description) <= 100
 
 
 def test_demo_gives_full_reasons_in_json_and_footnotes_and_keeps_expected_warnings_quiet(capsys, caplog):
