@@ -23,12 +23,19 @@ DTYPE = torch.bfloat16
 
 @dataclass(frozen=True)
 class Sample:
-    """A named pool builder, the adapt() options it needs, and whether adapt() must refuse it."""
+    """A named pool builder, the adapt() options it needs, and whether adapt() (or plan()) must refuse it."""
 
     name: str
     build: Callable[[], object]
     options: dict[str, Any] = field(default_factory=dict)
     refused_with: str | None = None
+    plan_refusal: str = ""  # why plan() must refuse the view adapt() returns; empty: plan() must accept it
+
+
+_NARROW_V = (
+    f"V heads are narrower than K heads (head_dim {D}, v_head_dim {DV}): FlexKV takes one head_size for K and V, "
+    "so plan() refuses a view adapt() can still give"
+)
 
 
 def _mha_pool(store_dtype: torch.dtype = DTYPE, start_layer: int = 0) -> SimpleNamespace:
@@ -134,9 +141,9 @@ def _minimax_pool() -> SimpleNamespace:
 
 
 SAMPLES: tuple[Sample, ...] = (
-    Sample("sglang MHA", _mha_pool),
-    Sample("sglang MHA fp8 (uint8)", lambda: _mha_pool(torch.uint8)),
-    Sample("sglang MHA, PP stage 2", lambda: _mha_pool(start_layer=L)),
+    Sample("sglang MHA", _mha_pool, plan_refusal=_NARROW_V),
+    Sample("sglang MHA fp8 (uint8)", lambda: _mha_pool(torch.uint8), plan_refusal=_NARROW_V),
+    Sample("sglang MHA, PP stage 2", lambda: _mha_pool(start_layer=L), plan_refusal=_NARROW_V),
     Sample("sglang MLA", _mla_pool),
     Sample("renamed k_cache/v_cache", _renamed("k_cache", "v_cache")),
     Sample("renamed key_cache/value_cache", _renamed("key_cache", "value_cache")),

@@ -118,6 +118,8 @@ def run(device: torch.device, big_gib: float, child_timeout_s: float) -> dict[st
                     entry["plan"] = str(plan(view))
                 except AdapterError as exc:
                     entry["plan"] = f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                # said in the output itself: a refusal here is the right answer only where the sample says why
+                entry["plan_expected"] = f"refused: {sample.plan_refusal}" if sample.plan_refusal else "planned"
                 shared += view.tensors()
             except Exception as exc:
                 entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -142,6 +144,8 @@ def failures(results: dict[str, Any]) -> list[str]:
             out.append(f"{name}: {entry['error']}")
             continue
         out += [f"{name}: {f}" for f in entry["zero_copy"]["failures"]]
+        if entry["plan"].startswith("refused") != entry["plan_expected"].startswith("refused"):
+            out.append(f"{name}: plan() {entry['plan'][:80]!r}, expected {entry['plan_expected'][:80]!r}")
         for c in entry["copy"]:
             if c["mismatches"] or c["faults"]:
                 out.append(f"{name}: {c['word_bytes']}-byte copy: {c['mismatches']} mismatches, {c['faults']} faults")

@@ -43,6 +43,9 @@ def test_cpu_mode_runs_every_part_and_prints_json(tmp_path):
         eight, sixteen = entry["copy"]
         assert eight["chunks"] > 0 and eight["mismatches"] == eight["faults"] == 0
         assert sixteen["chunks"] + sixteen["unused"] == eight["chunks"] and sixteen["faults"] == 0
+    refused = {name for name, e in result["pools"].items() if e["plan"].startswith("refused")}
+    expected = {name for name, e in result["pools"].items() if e["plan_expected"].startswith("refused: ")}
+    assert refused == expected and refused, "every plan() refusal says in the output why it is expected"
     share = result["share"]
     assert share["tensors"] > 0 and share["mismatched"] == [], share
     assert result["big_pool"]["bytes_copied"] == 0 and result["big_pool"]["adapt_s"] > 0
@@ -76,3 +79,12 @@ def test_the_zero_copy_check_catches_a_copy(gpu_check):
     assert gpu_check.check_zero_copy(view, gpu_check.roots(pool))["failures"] == []
     copied = SimpleNamespace(page_size=16, tensors=lambda: [t.clone() for t in view.tensors()])
     assert len(gpu_check.check_zero_copy(copied, gpu_check.roots(pool))["failures"]) == 4
+
+
+def test_a_plan_outcome_other_than_the_samples_expectation_is_a_failure(gpu_check):
+    module = gpu_check
+    pool = {"zero_copy": {"failures": []}, "copy": [], "plan": "refused: PlanError: x", "plan_expected": "planned"}
+    results = {"pools": {"p": pool}, "share": {"mismatched": []}, "big_pool": {}}
+    assert module.failures(results) == ["p: plan() 'refused: PlanError: x', expected 'planned'"]
+    pool["plan_expected"] = "refused: narrow V"
+    assert module.failures(results) == []
