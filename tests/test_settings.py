@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,16 @@ def test_unknown_or_wrong_keys_in_the_file(tmp_path):
 def test_settings_are_frozen():
     with pytest.raises(Exception, match="frozen"):
         load_settings().tp_size = 3
+
+
+def test_the_example_file_shows_every_setting_and_its_uncommented_values_are_the_defaults(monkeypatch):
+    for key in [k for k in os.environ if k.startswith("FLEXKV_")]:
+        monkeypatch.delenv(key)
+    path = Path(__file__).parents[1] / "configs" / "flexkv-adapter.example.yaml"
+    text = path.read_text()
+    shown = set(re.findall(r"^#? ?([a-z_]+):", text, flags=re.M))
+    assert set(AdapterSettings.model_fields) - shown == set(), "settings the example file does not show"
+    written = yaml.safe_load(text)
+    defaults = AdapterSettings().model_dump()
+    loaded = load_settings(path).model_dump()
+    assert {k: loaded[k] for k in written} == {k: defaults[k] for k in written}
