@@ -19,7 +19,7 @@ import torch
 from .errors import InconsistentLayersError
 from .gate import Group, admit
 from .hybrid_ids import id_map, inverse
-from .integers import LIMIT, bounded_integer, read_flag
+from .integers import LIMIT, bounded_integer, looks_numeric, read_flag
 from .planes_state import PartialPoolError, check_accounted
 from .probe import probe, probe_int
 
@@ -183,10 +183,12 @@ def _scale_planes(pool: object, ids: Sequence[int], page: int, prefix: str = "")
 
 
 def _meta(owner: object, name: str, minimum: int) -> int | None:
-    """Pool metadata the planes are sized by, through the one integer rule with its bound; None if absent."""
+    """Pool metadata the planes are sized by, through the one integer rule with its bound; None if absent or not
+    a number at all (a method, a string: ignored, as every pool metadata is, docs/layouts.md)."""
     value = probe(owner, name)
-    where = f"{type(owner).__name__}.{name}"
-    return None if value is None else bounded_integer(value, where, minimum, LIMIT, InconsistentLayersError)
+    if value is None or not looks_numeric(value):
+        return None
+    return bounded_integer(value, f"{type(owner).__name__}.{name}", minimum, LIMIT, InconsistentLayersError)
 
 
 def _flag(owner: object, name: str) -> bool:
