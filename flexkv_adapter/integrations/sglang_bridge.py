@@ -226,8 +226,8 @@ class BridgeConnector:
     def flush(self) -> None:
         """Empty FlexKV (see :mod:`.sglang_flush`); raises FlushError where SGLang's flush_cache can report it."""
         scheduler = getattr(sys.modules.get(SCHEDULER_MODULE), "Scheduler", None)
+        self._clean = True  # failed or not: FlexKVRadixCache.reset's own call that follows does not flush again
         flush(self, self._wait_s, hooked_by(getattr(scheduler, "flush_cache", None), FLUSH_MODULE))
-        self._clean = not self.stale
 
     def reset(self) -> None:
         """FlexKVRadixCache.reset's last step; the plugin's hook on it flushed FlexKV already (then nothing to do)."""

@@ -170,8 +170,9 @@ def faulty(sglang_env: Any, monkeypatch: Any) -> Faults:
 
 
 def manager(rig: Any) -> FaultyKVManager:
-    """The leader's KVManager (behind the bridge's observer, which forwards every attribute)."""
-    return rig.cache.flexkv_connector.connector.kv_manager  # type: ignore[no-any-return]
+    """The leader's KVManager (behind the bridge's observer, if any)."""
+    kv = rig.cache.flexkv_connector.connector.kv_manager
+    return getattr(kv, "manager", kv)  # type: ignore[no-any-return]
 
 
 def stored(rig: Any, rid: str, ids: list[int], seed: int) -> list[bytes]:

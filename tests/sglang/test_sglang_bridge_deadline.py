@@ -12,10 +12,12 @@ import contextlib
 
 import torch
 
+from . import flexkv_faults
 from . import flexkv_standin as fk
-from .flexkv_faults import faulty, manager, stored  # noqa: F401 (a fixture)
+from .flexkv_faults import manager, stored
 from .radix_harness import Rig, read, write
 
+faulty = flexkv_faults.faulty  # the fixture
 IDS = list(range(1000, 1048))
 
 
@@ -54,9 +56,7 @@ def test_slots_of_a_load_past_the_deadline_are_not_reused_until_the_copy_ends(fa
     assert loaded == len(IDS) and slots is not None  # FlexKV serves the prefix as before
 
 
-def test_negative_control_without_the_quarantine_the_late_copy_overwrites_another_request(
-    faulty, models, monkeypatch
-):
+def test_negative_control_without_the_quarantine_the_late_copy_overwrites_another_request(faulty, models, monkeypatch):
     from flexkv_adapter.integrations.sglang_outcomes import Quarantine
 
     monkeypatch.setattr(Quarantine, "withholding", lambda self, allocator: contextlib.nullcontext())

@@ -1,0 +1,94 @@
+"""A flush (after a weight update) empties FlexKV, or fails as SGLang's own flush does.
+
+SGLang flushes after a weight update (scheduler.py:5518; weight_updater.py:121-132);
+``FlexKVRadixCache.reset`` reaches FlexKV's connector ``reset`` (connector.py:1424), which never called
+``KVManager.reset`` (kvmanager.py:383-388): the same prompt got the old weights' KV from FlexKV.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import flexkv_faults
+from . import flexkv_standin as fk
+from .flexkv_faults import manager, stored
+from .radix_harness import Rig
+
+faulty = flexkv_faults.faulty  # the fixture
+IDS = list(range(1000, 1048))
+
+
+def _hit_after_flush(rig: Rig) -> int:
+    stored(rig, "r1", IDS, seed=7)  # the old weights' KV, in FlexKV
+    rig.cache.reset()  # Scheduler.flush_cache: tree_cache.reset()
+    loaded, _ = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
+    return loaded
+
+
+def test_a_flush_empties_flexkv(faulty, models, monkeypatch):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    assert _hit_after_flush(rig) == 0
+    assert manager(rig).resets >= 1 and not manager(rig).pages
+    stored(rig, "r3", IDS, seed=8)  # FlexKV serves the new weights' KV as before
+    loaded, _ = rig.match_and_load(rig.request("r4", IDS, prompt=40, allocate=False))
+    assert loaded == len(IDS)
+
+
+def test_negative_control_a_kvmanager_reset_that_keeps_the_pages_serves_the_old_kv(faulty, models, monkeypatch):
+    faulty.reset = "noop"
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    assert _hit_after_flush(rig) == len(IDS)
+
+
+def test_a_failed_reset_bypasses_flexkv_until_a_flush_succeeds(faulty, models, monkeypatch, caplog):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    faulty.reset = "raise"
+    rig.cache.reset()  # no scheduler hook in this process: SGLang's flush goes on, FlexKV is bypassed
+    assert "did not empty FlexKV" in caplog.text
+    lookups = len(fk.calls("get_match"))
+    loaded, _ = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
+    assert loaded == 0 and len(fk.calls("get_match")) == lookups  # not even asked: its KV may be stale
+    faulty.reset = ""
+    rig.cache.reset()
+    stored(rig, "r3", IDS, seed=8)
+    loaded, _ = rig.match_and_load(rig.request("r4", IDS, prompt=40, allocate=False))
+    assert loaded == len(IDS)
+
+
+def test_with_the_scheduler_hook_a_failed_reset_fails_the_flush_before_sglang_resets(faulty, models, monkeypatch):
+    from flexkv_adapter.integrations import sglang_bridge, sglang_flush
+
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    rig.finish(rig.request("r5", list(range(3000, 3048)), prompt=40, seed=9))  # on the device tree
+    for _ in range(3):
+        rig.cache.check_hicache_events()
+    cached = rig.cache.evictable_size()
+    faulty.reset = "raise"
+    monkeypatch.setattr(sglang_bridge, "hooked_by", lambda fn, module: True)  # as in the scheduler process
+
+    def flush_cache(scheduler):  # the part of Scheduler.flush_cache (scheduler.py:5518-5547) that reaches FlexKV
+        scheduler.tree_cache.reset()
+        return True
+
+    scheduler = type("Scheduler", (), {"tree_cache": rig.cache})()
+    assert sglang_flush.flush_cache(flush_cache, scheduler) is False  # as SGLang reports pending requests
+    assert rig.cache.evictable_size() == cached  # nothing of SGLang's was reset
+    with pytest.raises(sglang_flush.FlushError, match="KVManager.reset failed"):
+        rig.cache.reset()
+
+
+def test_a_flush_waits_for_a_load_past_the_deadline_or_fails(faulty, models, monkeypatch, caplog):
+    monkeypatch.setenv("FLEXKV_ADAPTER_RESET_WAIT_S", "0.05")
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    faulty.get, faulty.delay = "timeout", 10**9  # a copy that does not end
+    assert rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))[0] == 0
+    rig.cache.reset()
+    assert "still copying" in caplog.text and manager(rig).resets == 0  # FlexKV is not reset under a running copy
+    assert rig.cache.flexkv_connector.stale
+    manager(rig).late = {tid: 1 for tid in manager(rig).late}
+    manager(rig).advance(1)  # the copy ends
+    rig.cache.reset()
+    assert not rig.cache.flexkv_connector.stale and manager(rig).resets == 1
