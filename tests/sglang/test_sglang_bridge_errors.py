@@ -1,0 +1,54 @@
+"""Nothing FlexKV raises reaches SGLang's scheduler: the slots and locks are released, FlexKV's task cancelled, a miss.
+
+A load: FlexKV's ``retrieve_kv`` re-raises a launch error (a closed transfer pipe, connector.py:644-655) and
+SGLang 0.5.23 has no cleanup for it (flexkv_radix_cache.py:335-348): 48 slots leaked and FlexKV's get task
+stayed. A store: FlexKV raises "store launch failed" and never cancels its put task (connector.py:1108-1140),
+whose unready pages shadow every later store of the prefix (kvtask.py:740-748).
+"""
+
+from __future__ import annotations
+
+from . import flexkv_faults
+from . import flexkv_standin as fk
+from .flexkv_faults import manager, stored
+from .radix_harness import Rig, read
+
+faulty = flexkv_faults.faulty  # the fixture
+IDS = list(range(1000, 1048))
+
+
+def test_a_load_whose_launch_raises_is_a_miss_that_frees_its_slots_and_cancels_the_task(faulty, models, monkeypatch):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    expected = stored(rig, "r1", IDS, seed=7)
+    free = rig.alloc.available_size()
+    faulty.get = "raise"
+    loaded, slots = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))  # raised before the fix
+    assert (loaded, slots) == (0, None) and rig.alloc.available_size() == free
+    (raised,) = fk.calls("launch raised")
+    assert manager(rig).tasks[raised["task_ids"][0]].status == "cancelled"  # FlexKV's match is given back
+    faulty.get = ""
+    loaded, slots = rig.match_and_load(rig.request("r3", IDS, prompt=40, allocate=False))
+    assert loaded == len(IDS) and read(rig.pool, slots) == expected
+
+
+def _store_fails_then_again(rig: Rig, faults) -> int:
+    faults.put = "raise"
+    rig.finish(rig.request("r1", IDS, prompt=40, seed=7))  # raised out of checkpoint before the fix
+    assert rig.cache.protected_size() == 0 and not rig.cache._inflight_store_nodes  # the node is unlocked
+    faults.put = ""
+    stored(rig, "r2", IDS, seed=8)  # the same prefix, stored again
+    loaded, _ = rig.match_and_load(rig.request("r3", IDS, prompt=40, allocate=False))
+    return loaded
+
+
+def test_a_store_whose_launch_raises_unlocks_and_cancels_its_put_task(faulty, models, monkeypatch):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    assert _store_fails_then_again(rig, faulty) == len(IDS)  # the next store offloaded the prefix
+
+
+def test_negative_control_an_uncancelled_put_task_shadows_the_prefix_forever(faulty, models, monkeypatch):
+    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+
+    monkeypatch.setattr(BridgeConnector, "_cancel", lambda self, task_ids: None)
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    assert _store_fails_then_again(rig, faulty) == 0
