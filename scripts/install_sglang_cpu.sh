@@ -20,6 +20,12 @@ if ! "$VENV/bin/python" -c "$IMPORTS" 2>/dev/null; then
         transformers dill apache-tvm-ffi sentencepiece compressed-tensors gguf
     step "sglang 0.5.23 (no dependency tree) into $VENV" "~220 MB" "under a minute" pip_q "$VENV" --no-deps sglang==0.5.23
 fi
+# FlexKV's own pure-Python requirements, for the tier's tests on FlexKV's real Python (../shared or
+# FLEXKV_SOURCE); xxhash serves the CPU stand-in of its hashing (tests/flexkv_cpu/hasher.py)
+if ! "$VENV/bin/python" -c "import nvtx, expiring_dict, xxhash" 2>/dev/null; then
+    step "FlexKV's Python requirements (nvtx, expiring-dict, xxhash) into $VENV" "~3 MB" "seconds" \
+        pip_q "$VENV" nvtx==0.2.17 expiring-dict==1.1.2 xxhash==4.1.0
+fi
 install_project "$VENV"
 # the modules the tier's tests import, not just the top-level package
 "$VENV/bin/python" -c "$IMPORTS; import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The SGLang CPU engine for tests/e2e/test_sglang_generate.py, on top of the SGLang tier (.venv-sglang).
 # SGLang 0.5.23's Engine(device="cpu") imports these beyond the tier's set (found by trial: each one
-# the next import missed), and FlexKV's Python needs its own pure-Python requirements (nvtx,
-# expiring-dict, and xxhash for the CPU stand-in of its hashing). torch stays pinned so pip never
+# the next import missed); the tier script already added FlexKV's requirements. torch stays pinned so pip never
 # swaps the tier's build. The one vLLM name SGLang imports (vllm._custom_ops.rotary_embedding) is a
 # stand-in in tests/e2e/sglang_standins (vLLM's Python is 877 MB, past the 12 GB budget). Idempotent.
 set -euo pipefail
@@ -11,12 +10,10 @@ cd "$(dirname "$0")/.."
 VENV=${SGLANG_VENV:-.venv-sglang}
 bash scripts/install_sglang_cpu.sh
 ENGINE="import uvloop, fastapi, uvicorn, openai, partial_json_parser, setproctitle, einops, xgrammar"
-FLEXKV="import nvtx, expiring_dict, xxhash"
-if ! "$VENV/bin/python" -c "$ENGINE; $FLEXKV" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "$ENGINE" 2>/dev/null; then
     need_disk 512 "SGLang's CPU engine packages ($VENV)"
-    step "SGLang's CPU engine packages and FlexKV's Python requirements into $VENV" "~35 MB" "under a minute" \
+    step "SGLang's CPU engine packages into $VENV" "~45 MB" "under a minute" \
         pip_q "$VENV" torch==2.14.1 uvloop==0.23.0 fastapi==0.165.0 uvicorn==0.54.0 openai==2.8.0 \
-        partial_json_parser==0.2.1.1.post7 setproctitle==1.3.8 einops==0.8.2 xgrammar==0.2.7 \
-        nvtx==0.2.17 expiring-dict==1.1.2 xxhash==4.1.0
+        partial_json_parser==0.2.1.1.post7 setproctitle==1.3.8 einops==0.8.2 xgrammar==0.2.7
 fi
-"$VENV/bin/python" -c "$ENGINE; $FLEXKV; import sglang; print('sglang', sglang.__version__, 'CPU engine packages: ready')"
+"$VENV/bin/python" -c "$ENGINE; import nvtx, expiring_dict, xxhash, sglang; print('sglang', sglang.__version__, 'CPU engine packages: ready')"

@@ -17,8 +17,11 @@ import torch
 from . import hasher
 from .counters import COUNTERS, count, perturbing
 from .kernel import WORD, kernel
-from .shared_tensor import MAPPED
 from .stubs import AnyNameModule
+
+# Every "GPU" tensor this process mapped from a registration (shared_tensor.CpuTensorHandle.get_tensor):
+# the kernel checks that each of its accesses lands inside one of them or the CPU cache.
+MAPPED: list[torch.Tensor] = []
 
 
 def _perturb(cpu: torch.Tensor, cpu_ids: torch.Tensor, args: tuple[Any, ...]) -> None:
@@ -46,12 +49,12 @@ def _counted(copy: Any) -> Any:
     return transfer_kv_blocks
 
 
-def module() -> AnyNameModule:
-    """The ``flexkv.c_ext`` module a CPU process imports."""
+def module(registered: list[torch.Tensor] | None = None) -> AnyNameModule:
+    """The ``flexkv.c_ext`` module a CPU process imports (its kernel checks against ``registered``)."""
     ext = AnyNameModule("flexkv.c_ext")
     ext.__git_commit__ = "cpu-stand-in"  # type: ignore[attr-defined]
     ext.Hasher = hasher.Hasher  # type: ignore[attr-defined]
     ext.gen_hashes = hasher.gen_hashes  # type: ignore[attr-defined]
     ext.get_hash_size = hasher.get_hash_size  # type: ignore[attr-defined]
-    ext.transfer_kv_blocks = _counted(kernel(MAPPED))  # type: ignore[attr-defined]
+    ext.transfer_kv_blocks = _counted(kernel(MAPPED if registered is None else registered))  # type: ignore[attr-defined]
     return ext

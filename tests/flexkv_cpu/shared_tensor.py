@@ -4,7 +4,7 @@ On a GPU, ``KVTPClient`` wraps each KV tensor in a CUDA IPC handle and FlexKV's 
 processes) map the SAME memory with ``get_tensor()``. On CPU the same sharing is a file in shared
 memory: :func:`share` moves a tensor's storage into a file in place (the engine keeps using its tensor
 object, now backed by the file), and :class:`CpuTensorHandle` maps that file again in any process.
-Every tensor a process maps is kept in :data:`MAPPED` (the copy-kernel stand-in checks that each of
+Every tensor a process maps is kept in ``c_ext.MAPPED`` (the copy-kernel stand-in checks that each of
 its accesses lands inside one of them). ``device`` is ``cpu``, so FlexKV's ``ensure_cuda_device``
 binds nothing.
 """
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from flexkv.common.memory_handle import TensorSharedHandle  # type: ignore[import-not-found]
 
-MAPPED: list[torch.Tensor] = []
+from .c_ext import MAPPED
+
 _COUNTER = itertools.count()
 
 

@@ -1,8 +1,8 @@
 """The bridge against FlexKV's REAL connector Python (found by ``tests.flexkv_source``; skipped without it).
 
 Only what needs a GPU or FlexKV's compiled extension is replaced: ``KVManager`` and ``KVTPClient``
-(by the data plane of ``flexkv_serving``), ``torch.cuda.current_device``, and the modules
-``flexkv.c_ext``, ``nvtx`` and ``expiring_dict`` when they cannot be imported. Another checkout::
+(by the data plane of ``flexkv_serving``), ``torch.cuda.current_device``, and ``flexkv.c_ext``
+(``tests/flexkv_cpu/c_ext.py``). Another checkout::
 
     FLEXKV_SOURCE=/path/to/FlexKV pytest tests/sglang/test_sglang_bridge_real.py
 """
