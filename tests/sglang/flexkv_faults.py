@@ -155,6 +155,10 @@ def use_faulty_manager(monkeypatch: Any) -> Any:
 @pytest.fixture
 def faulty(sglang_env: Any, monkeypatch: Any) -> Faults:
     """The plugin loaded over FlexKV's real connector (tests/flexkv_source.py finds it) with this KVManager."""
+    return load_faulty(sglang_env, monkeypatch)
+
+
+def load_faulty(sglang_env: Any, monkeypatch: Any) -> Faults:
     from tests.flexkv_source import find
 
     from .real_flexkv import prepare, replace_gpu_parts
