@@ -20,7 +20,7 @@ import torch
 
 from .axes import Axis, format_axes
 from .containers import Located
-from .copy_rules import ALIGNMENT_FIX, alignment_problem
+from .copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, base_alignment
 from .errors import InconsistentLayersError, NotAddressableError, describe
 from .layout import Interpretation, Plane
 from .recognize import plane_sources
@@ -161,8 +161,12 @@ def check_consistent(planes: Planes, pool: object, attrs: Sequence[str]) -> None
 def check_flexkv_alignment(planes: Planes, page_size: int, pool: object, attrs: Sequence[str]) -> None:
     """Block bytes and base addresses FlexKV's copy kernels can use (:mod:`.copy_rules`)."""
     for plane, views in planes.items():
+        first = views[0]  # check_consistent: every layer of a plane has its shape and dtype
+        block_bytes = page_size * first.shape[1] * first.shape[2] * first.element_size()
+        need = base_alignment(block_bytes) if block_bytes % WORD == 0 else 1
         for layer, t in enumerate(views):
-            block_bytes = page_size * t.shape[1] * t.shape[2] * t.element_size()
+            if block_bytes % WORD == 0 and t.data_ptr() % need == 0:
+                continue  # the common case, without building a message
             problem = alignment_problem(block_bytes, t.data_ptr())
             if problem:
                 raise NotAddressableError(
@@ -173,11 +177,12 @@ def check_flexkv_alignment(planes: Planes, page_size: int, pool: object, attrs: 
 
 def aliased_bytes(planes: Planes, sources: Sequence[torch.Tensor]) -> tuple[int, int]:
     """(bytes aliased, bytes not inside any source storage) over all exposed tensors."""
-    spans = {s.untyped_storage().data_ptr(): s.untyped_storage().nbytes() for s in sources}
+    spans: dict[object, int] = {s.untyped_storage().data_ptr(): s.untyped_storage().nbytes() for s in sources}
     aliased = copied = 0
     for views in planes.values():
-        for t in views:
-            base, start, nbytes = t.untyped_storage().data_ptr(), t.data_ptr(), t.numel() * t.element_size()
+        for t in views:  # a view's storage starts storage_offset elements before its data
+            start, item, nbytes = t.data_ptr(), t.element_size(), t.numel() * t.element_size()
+            base = start - t.storage_offset() * item
             size = spans.get(base)
             if size is not None and base <= start and start + nbytes <= base + size:
                 aliased += nbytes

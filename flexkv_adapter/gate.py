@@ -25,7 +25,7 @@ Rules needing the tensor-parallel size stay in plan() (only it knows tp).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,17 +35,19 @@ from .copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem
 from .errors import InconsistentLayersError, NotAddressableError, UnsupportedPoolError, describe
 from .probe import storage_problem
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 RULES = ("tensor", "read twice", "count", "group", "overlap")
 _EXACT_LIMIT = 1 << 18  # contiguous runs enumerated to prove two strided tensors disjoint
 
 
-@dataclass(frozen=True)
-class Group:
-    """Tensors headed to FlexKV as one layer group (or one part of the KV)."""
+class Group(NamedTuple):
+    """Tensors headed to FlexKV as one layer group (or one part of the KV). Immutable; a named tuple, not a
+    dataclass, because every adapt() builds one per plane and a frozen dataclass costs a microsecond more."""
 
     name: str
     tensors: tuple[torch.Tensor, ...]
-    layer_ids: tuple[int, ...] | None  # None: the count is not known yet (the KV before its labels)
+    layer_ids: tuple[int, ...] | None  # None: the count is not known yet
     per_layer: int = 1  # tensors per layer: 2 = a K list then a V list
     again: Callable[[], object] | None = None  # a second read of the attribute(s) the tensors came from
     chunk_bytes: int | None = None  # bytes of one block of one tensor, once the registration is known
@@ -56,27 +58,41 @@ class Group:
 def admit(where: str, groups: Sequence[Group], *, blocks: int | None = None, page: int | None = None) -> list[str]:
     """Check ``groups`` by every rule of :data:`RULES`; the warnings (one tensor registered twice), or an
     :class:`~flexkv_adapter.errors.AdapterError` naming the group, the tensor and the rule."""
-    for group in groups:
-        _tensor_rule(where, group)
-        _read_twice_rule(where, group)
-        _count_rule(where, group)
+    storages: dict[tuple[object, int], int] = {}  # (storage address, device) -> bytes: asked once per storage
+    spans: list[tuple[int, int, int, int]] = []
+    for gi, group in enumerate(groups):
+        for i, t in enumerate(group.tensors):  # the tensor rule; the common case inline (the hot path of adapt())
+            if type(t) in _PLAIN and t.layout is _STRIDED and not t.is_meta and not t.is_nested and t.ndim:
+                n, item, offset, start = t.numel(), t.element_size(), t.storage_offset(), t.data_ptr()
+                key = (start - offset * item, t.get_device())
+                if (size := storages.get(key)) is None:
+                    size = storages[key] = t.untyped_storage().nbytes()
+                if n and t.is_contiguous() and (offset + n) * item <= size:
+                    spans.append((start, start + n * item, gi, i))
+                    continue
+            spans.append((*_tensor_rule(where, group, i, t), gi, i))
+        if group.again is not None:
+            _read_twice_rule(where, group)
+        if group.layer_ids is not None and len(group.tensors) != len(group.layer_ids) * group.per_layer:
+            _count_rule(where, group)
     if blocks is not None and page is not None:
         _group_rules(where, groups, blocks, page)
-    return _overlap_rule(where, groups)
+    return _overlap_rule(where, groups, spans) if len(spans) > 1 else []
 
 
-def _tensor_rule(where: str, group: Group) -> None:
-    for i, t in enumerate(group.tensors):
-        why = storage_problem(t)
-        if why is None and t.ndim == 0:
-            why = "is 0-d (a scalar), not rows of a block"
-        if why is None and t.shape[0] == 0:
-            why = "has 0 rows"
-        if why:
-            raise UnsupportedPoolError(
-                f"{where}: {group.name}[{i}] {why}; FlexKV copies blocks of real memory, so every registered "
-                f"tensor needs a real device, a live storage, at least one dimension and at least one row"
-            )
+def _tensor_rule(where: str, group: Group, i: int, t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``t`` reaches, once it is real memory with a dimension and a row."""
+    why = storage_problem(t)
+    if why is None and t.ndim == 0:
+        why = "is 0-d (a scalar), not rows of a block"
+    if why is None and t.shape[0] == 0:
+        why = "has 0 rows"
+    if why:
+        raise UnsupportedPoolError(
+            f"{where}: {group.name}[{i}] {why}; FlexKV copies blocks of real memory, so every registered "
+            f"tensor needs a real device, a live storage, at least one dimension and at least one row"
+        )
+    return _span(t)
 
 
 def _read_twice_rule(where: str, group: Group) -> None:
@@ -197,26 +213,25 @@ def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
     return False
 
 
-def _overlap_rule(where: str, groups: Sequence[Group]) -> list[str]:
-    items = sorted(
-        (
-            (str(t.device), *_span(t), gi, f"{g.name}[{i}]", t)
-            for gi, g in enumerate(groups)
-            for i, t in enumerate(g.tensors)
-        ),
-        key=lambda x: (x[0], x[1], x[2]),
-    )
+def _overlap_rule(where: str, groups: Sequence[Group], spans: list[tuple[int, int, int, int]]) -> list[str]:
+    spans.sort()
     warnings = []
-    for n, (device, start, end, gi, name, t) in enumerate(items):
-        for other_device, other_start, _, gj, other, u in items[n + 1 :]:
-            if other_device != device or other_start >= end:
-                break
+    count = len(spans)
+    for n, (start, end, gi, i) in enumerate(spans):
+        m = n + 1
+        while m < count and spans[m][0] < end:
+            other_start, _, gj, j = spans[m]
+            m += 1
+            t, u = groups[gi].tensors[i], groups[gj].tensors[j]
+            if u.device != t.device:  # the same address on two devices is two memories
+                continue
+            name, other = f"{groups[gi].name}[{i}]", f"{groups[gj].name}[{j}]"
             if _same(t, u) and groups[gi].chunk_bytes == groups[gj].chunk_bytes:
                 warnings.append(f"{name} overlaps {other}")
                 continue
             if not _bytes_meet(t, u):
                 continue
-            row = t.stride(0) * t.element_size() if t.ndim else 0
+            row = t.stride(0) * t.element_size()
             raise InconsistentLayersError(
                 f"{where}: {name} and {other} share bytes ({other_start - start} bytes apart, rows shifted against "
                 f"each other or in another group): restoring a block of one would overwrite bytes of another "

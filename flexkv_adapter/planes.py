@@ -11,7 +11,7 @@ Recognised by attributes, never class names.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,7 +73,7 @@ class Plane:
         """This plane as the gate checks a registered layer group."""
         per_layer, chunk = 2 if self.kv else 1, self.chunk_bytes(page_size)
         group = Group(self.name, self.tensors, self.layer_ids, per_layer, chunk_bytes=chunk)
-        return replace(group, rows_per_block=self.rows_per_block, compress_ratio=self.compress_ratio)
+        return group._replace(rows_per_block=self.rows_per_block, compress_ratio=self.compress_ratio)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class WholePool:
         first, page = view.tensors()[0], view.page_size
         kv_chunk = page * first[0].numel() * first.element_size()
         kv = Group("KV", tuple(view.tensors()), tuple(view.layer_ids), 2 if view.kind == "mha" else 1)
-        kv = replace(kv, chunk_bytes=kv_chunk, rows_per_block=page)
+        kv = kv._replace(chunk_bytes=kv_chunk, rows_per_block=page)
         return [kv, *(p.group(page) for p in self.planes)]
 
     def describe(self) -> str:

@@ -13,6 +13,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from . import hybrid
 from .containers import addresses
 from .errors import AdapterError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError
@@ -101,7 +103,10 @@ _SUB_POOLS = ("main_pool", "full_kv_pool", "swa_kv_pool", "index_kv_pool", "inde
 
 def refuse_token_id_remaps(pool: object) -> None:
     """Pools, or sub-pools, whose buffers are not indexed by the token ids the engine hands out: HiSparse
-    (a hot subset of tokens) and unified memory (kernel-facing physical ids). FlexKV would copy other rows."""
+    (a hot subset of tokens) and unified memory (kernel-facing physical ids). FlexKV would copy other rows.
+    Tensors, lists and dicts carry no such attributes."""
+    if isinstance(pool, (torch.Tensor, list, tuple, dict)):
+        return
     for attr, sub in [("", pool), *((a, probe(pool, a, tolerate=True)) for a in _SUB_POOLS)]:
         if sub is None:
             continue
