@@ -1,0 +1,61 @@
+"""TP = 2: a load counts only if every rank's copy succeeded, and every rank takes the same count.
+
+FlexKV's connector returns the slot count on non-leader ranks whatever the leader's copy did
+(connector.py:634, :694): the leader loaded 0 tokens, rank 1 counted 48 that were never written, and
+the ranks' radix trees diverged. A launch error on the leader was re-raised before the barrier its peers
+wait in. Two processes, a real gloo group, SGLang's real FlexKVRadixCache on each rank over FlexKV
+34ab141's real connector and comm (``flexkv_faults``: the leader's copy fails, times out, or its launch raises).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import pytest
+
+from tests.flexkv_source import find
+
+from . import tp_faults_worker
+from .conftest import LLAMA
+
+ROOT = find().root
+pytestmark = pytest.mark.skipif(ROOT is None, reason=find().skip_reason)
+IDS = 48
+
+
+def run_ranks(tmp_path, mode, control=False):
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(LLAMA))
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    args = (str(tmp_path / "rdv"), str(tmp_path / "llama"), queue, ctx.Queue(), str(ROOT), mode, control)
+    procs = [ctx.Process(target=tp_faults_worker.run, args=(rank, *args)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((rank, (status, value)) for rank, status, value in (queue.get(timeout=120) for _ in procs))
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    for status, value in results.values():
+        assert status == "ok", value
+    return {rank: value for rank, (_, value) in results.items()}
+
+
+@pytest.mark.parametrize("mode", ["failed", "raise", "timeout"])
+def test_every_rank_takes_a_miss_when_the_leaders_copy_does_not_succeed(tmp_path, mode):
+    results = run_ranks(tmp_path, mode)
+    for rank, out in results.items():
+        assert (out["loaded"], out["tree"]) == (0, 0), (rank, out)  # the same answer, the same tree
+        assert out["held"] == (IDS if mode == "timeout" else 0), (rank, out)  # quarantined on every rank
+        assert out["held after"] == 0, (rank, out)  # given back when the leader's copy ended
+        assert out["again"] == (IDS, True), (rank, out)  # and served exactly afterwards
+
+
+def test_negative_control_without_agreement_rank_1_counts_tokens_never_written(tmp_path):
+    results = run_ranks(tmp_path, "failed", control=True)
+    assert results[0]["loaded"] == 0 and results[1]["loaded"] == IDS
