@@ -162,7 +162,7 @@ class AdapterSettings(BaseSettings):
     # alone, as SGLang does, and can hit another tenant's KV.
     sglang_namespaced_requests: Literal["skip", "shared"] = "skip"
 
-    # vLLM plugin: the longest reset_cache() waits for FlexKV transfers in flight before FlexKV's reset.
+    # vLLM reset_cache() and SGLang flush: the longest they wait for FlexKV transfers in flight before FlexKV's reset.
     reset_wait_s: Seconds = 30.0
 
     @field_validator("master_host", "health_host")
