@@ -1,7 +1,8 @@
 """Two "nodes" on one machine: two network namespaces joined by a veth pair, and the faults.
 
 Names are unique per run (pid and a random tag), so two runs on one machine never share a
-namespace, a link or a subnet (``10.213.<random>.<4k+1,4k+2>/30``). :func:`two_nodes` deletes both
+namespace or a link, and each pair gets a random subnet (``10.213.<random>.<4k+1,4k+2>/30``).
+Namespaces of a run that was killed before its clean-up are removed by the next run. :func:`two_nodes` deletes both
 namespaces (and with them the veth pair) in a ``finally``, whatever happened. Every ``ip`` call
 ends within ``IP_TIMEOUT_S``.
 """
@@ -16,8 +17,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 IP_TIMEOUT_S = 10.0
+PREFIX = "fkv2n-"  # fkv2n-<pid>-<tag>-a|b: the pid tells a live run's namespaces from a dead one's
 UNUSED_MAC = "02:00:5e:00:28:01"  # locally administered, on no interface: frames to it go nowhere
 
 
@@ -77,6 +80,15 @@ class TwoNodes:
             time.sleep(0.02)
 
 
+def remove_stale() -> None:
+    """Delete the namespaces of runs whose process is gone (killed before its ``finally`` ran)."""
+    listed = ip("netns", "list", check=False).stdout.split()
+    for name in listed:
+        pid = name[len(PREFIX) :].split("-", 1)[0]
+        if name.startswith(PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            ip("netns", "del", name, check=False)
+
+
 def refusal() -> str | None:
     """Why two namespaces cannot be made here, or None."""
     if shutil.which("ip") is None:
@@ -92,10 +104,11 @@ def two_nodes() -> Iterator[TwoNodes]:
     why = refusal()
     if why:
         raise NetnsUnavailable(why)
-    tag = f"{os.getpid() % 0x10000:04x}{random.randrange(0x100):02x}"
+    remove_stale()
+    tag = f"{random.randrange(0x1000000):06x}"
     third, quad = random.randrange(256), random.randrange(64)
-    a = Node(f"fkv-a-{tag}", f"fkva{tag}", f"10.213.{third}.{4 * quad + 1}")
-    b = Node(f"fkv-b-{tag}", f"fkvb{tag}", f"10.213.{third}.{4 * quad + 2}")
+    a = Node(f"{PREFIX}{os.getpid()}-{tag}-a", f"fkva{tag}", f"10.213.{third}.{4 * quad + 1}")
+    b = Node(f"{PREFIX}{os.getpid()}-{tag}-b", f"fkvb{tag}", f"10.213.{third}.{4 * quad + 2}")
     made: list[str] = []
     try:
         for node in (a, b):
@@ -103,7 +116,13 @@ def two_nodes() -> Iterator[TwoNodes]:
             if done.returncode != 0:
                 raise NetnsUnavailable(f"`ip netns add` refused: {done.stderr.strip()}")
             made.append(node.netns)
-        ip("link", "add", a.dev, "netns", a.netns, "type", "veth", "peer", "name", b.dev, "netns", b.netns)
+        for argv in (
+            ["ip", "link", "add", a.dev, "netns", a.netns, "type", "veth", "peer", "name", b.dev, "netns", b.netns],
+            ["ip", "netns", "exec", a.netns, "true"],  # mounts /sys for the namespace: refused in some containers
+        ):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+            if done.returncode != 0:
+                raise NetnsUnavailable(f"`{' '.join(argv[:4])} ...` refused: {done.stderr.strip()}")
         for node in (a, b):
             ip("-n", node.netns, "addr", "add", f"{node.address}/30", "dev", node.dev)
             ip("-n", node.netns, "link", "set", "lo", "up")
