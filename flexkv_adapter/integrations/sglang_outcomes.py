@@ -139,6 +139,7 @@ class Quarantine:
         self.held: list[_Held] = []
         self.allocator: Any = None
         self._withheld: set[int] = set()
+        self._unreachable = False
 
     def __len__(self) -> int:
         return len(self.held)
@@ -180,10 +181,13 @@ class Quarantine:
             tids = [h.tid for h in self.held]
             try:
                 responses = manager.try_wait(tids) or {}
-            except Exception as exc:  # FlexKV unreachable: keep the slots
-                logger.warning("flexkv_adapter (SGLang plugin): FlexKV's try_wait failed (%s); %d quarantined load(s) "
-                               "keep their slots", exc, len(tids))  # fmt: skip
-                responses = {}
+            except Exception as exc:  # FlexKV unreachable: keep the slots, and say so once
+                if not self._unreachable:
+                    logger.warning("flexkv_adapter (SGLang plugin): FlexKV's try_wait failed (%s); %d quarantined "
+                                   "load(s) keep their slots until it answers", exc, len(tids))  # fmt: skip
+                self._unreachable, responses = True, {}
+            else:
+                self._unreachable = False
             flags = [int(status_of(responses.get(t)) in ENDED) for t in tids]
         flags = self.agreement.min(flags)
         ended = [h for h, f in zip(self.held, flags, strict=True) if f]
