@@ -23,6 +23,7 @@ import os
 import sys
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,15 +112,15 @@ def _unpinned(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return unpinned
 
 
-def _torch_without_gpu() -> None:
+def _torch_without_gpu(put: Callable[[Any, str, Any], None] = setattr) -> None:
     if torch.cuda.is_available():
         return
-    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    put(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     for name in ("zeros", "empty"):  # FlexKV's worker asks for pinned pointer tables
-        setattr(torch, name, _unpinned(getattr(torch, name)))
-    torch.cuda.Stream = _NoStream  # type: ignore[assignment,misc]
-    torch.cuda.current_device = lambda: 0
-    torch.cuda.synchronize = lambda *a, **k: None
+        put(torch, name, _unpinned(getattr(torch, name)))
+    put(torch.cuda, "Stream", _NoStream)
+    put(torch.cuda, "current_device", lambda: 0)
+    put(torch.cuda, "synchronize", lambda *a, **k: None)
 
 
 def install() -> None:
@@ -130,3 +131,14 @@ def install() -> None:
         os.environ.setdefault(name, "0")
     sys.meta_path.insert(0, Finder())
     _torch_without_gpu()
+
+
+def install_for_test(monkeypatch: Any, flexkv_source: str) -> None:
+    """The same in a test process, undone with ``monkeypatch``; FlexKV's spawned processes boot from the env."""
+    repo = str(Path(__file__).resolve().parents[2])
+    site = str(Path(__file__).resolve().parent / "site")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, site, flexkv_source]))
+    for name, value in ((ENABLED, "1"), ("FLEXKV_INDEX_ACCEL", "0"), ("FLEXKV_ENABLE_MPS", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    _torch_without_gpu(monkeypatch.setattr)
