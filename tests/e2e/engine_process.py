@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,22 +30,31 @@ def _tail(text: str) -> str:
 
 def run_engine(argv: Sequence[str], *, deadline_s: float, env: Mapping[str, str] | None = None,
                cwd: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run ``argv`` (a new session, so its own process group) and return its ``RESULT`` JSON."""
+    """Run ``argv`` (a new session, so its own process group) and return its ``RESULT`` JSON.
+
+    The output goes to a file, not a pipe: processes the engine spawns (FlexKV's transfer manager
+    and workers) inherit it, and a pipe they hold open would block the read until the deadline
+    after the engine itself has exited. The engine is waited on; then its whole group is killed.
+    """
     child_env = {**os.environ, **(env or {})}
-    proc = subprocess.Popen(
-        list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env, cwd=cwd,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, _ = proc.communicate()
-        late = f"{argv[1:3]} did not finish within {deadline_s:.0f} s"
-        raise EngineRunError(f"{late}; last lines:\n{_tail(out)}") from None
-    finally:
-        _kill_group(proc)  # whatever it left behind (engine workers, FlexKV's processes)
-    results = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, text=True, env=child_env, cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
+        late = False
+        try:
+            proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            late = True
+        finally:
+            _kill_group(proc)  # whatever it left behind (engine workers, FlexKV's processes)
+            proc.wait()
+        log.seek(0)
+        out = log.read()
+    if late:
+        raise EngineRunError(f"{argv[1:3]} did not finish within {deadline_s:.0f} s; last lines:\n{_tail(out)}")
+    results = [line[len("RESULT ") :] for line in out.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not results:
         raise EngineRunError(
             f"{argv[1:3]} exited {proc.returncode} with {len(results)} results; last lines:\n{_tail(out)}"
