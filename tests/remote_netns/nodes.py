@@ -34,6 +34,9 @@ DEFAULTS = {  # seconds: short, so the whole tier takes a few minutes
 }
 
 
+STARTUP_S = 60  # importing FlexKV (torch) took 20 s per process on a 2-core machine at load 8
+
+
 def node_ports() -> tuple[int, int, int]:
     """Master ports for one test (its namespaces are new, so any free range will do; random anyway)."""
     first = random.randrange(20000, 60000)
@@ -114,7 +117,7 @@ class Master(Proc):
         super().__init__(node, [*argv, register_port, *(["hold"] if hold else [])])
         self.ports = ports
 
-    def wait_line(self, text: str, timeout_s: float = 30) -> float:
+    def wait_line(self, text: str, timeout_s: float = STARTUP_S) -> float:
         at = self.out.wait(lambda line: line == text, timeout_s, self.alive)
         assert at is not None, f"master never printed {text!r}:\n{self.err.text()[-3000:]}"
         return at
@@ -163,7 +166,7 @@ class StartRemote(Proc):
         self.register_port = f"ipc://{ipc}/srv_gpu_register"
         self.ready_file = ipc / "ready.json"
 
-    def wait_state(self, state: str, timeout_s: float = 30) -> float:
+    def wait_state(self, state: str, timeout_s: float = STARTUP_S) -> float:
         at = self.err.wait(lambda line: f"start_remote: state: {state}" in line, timeout_s, self.alive)
         assert at is not None, f"start_remote never reached {state}:\n{self.err.text()[-3000:]}"
         return at

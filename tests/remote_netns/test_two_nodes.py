@@ -152,7 +152,7 @@ def test_master_killed_is_exit_13_at_once_and_a_restarted_master_gets_a_new_remo
     fresh = deployment.start_remote()
     fresh.register(2)
     again.wait_line("bound")
-    fresh.wait_state("ready", 30)
+    fresh.wait_state("ready")
     assert again.is_ready() is True
 
 
@@ -166,7 +166,7 @@ def _engine_wait(deployment: Deployment, node, health_port: int, absent_s: float
         "import sys\n"
         "from flexkv_adapter import load_settings\n"
         "from flexkv_adapter.integrations.external_remote import wait_for_start_remote, ExternalRemoteError\n"
-        f"s = load_settings(health_port={health_port}, remote_wait_s=20, remote_absent_s={absent_s})\n"
+        f"s = load_settings(health_port={health_port}, remote_wait_s=30, remote_absent_s={absent_s})\n"
         "try:\n"
         f"    h = wait_for_start_remote(s, {deployment.nodes.a.address!r}, {tuple(map(str, deployment.ports))!r})\n"
         "except ExternalRemoteError as exc:\n"
@@ -184,6 +184,7 @@ def test_remote_external_engine_on_node_b_waits_for_start_remote_across_the_link
     master = deployment.master()
     remote = deployment.start_remote(health_port=health_port)
     master.wait_line("bound")
+    remote.wait_state("waiting_for_master")  # its health endpoint listens from here on
     seen = _engine_wait(deployment, deployment.nodes.b, health_port, absent_s=10)
     assert seen.returncode == 0 and "proceeds" in seen.stdout, seen.stdout + seen.stderr[-2000:]
     assert remote.in_state("waiting_for_gpus") or remote.in_state("starting_engine") or remote.in_state("ready")
