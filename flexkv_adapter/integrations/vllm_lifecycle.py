@@ -183,8 +183,19 @@ def attach(conn: Any) -> None:
 
 
 def excluded(request: Any) -> bool:
-    """Multimodal or prompt-embeds input: FlexKV's key (token ids) does not tell two such prompts apart."""
-    return bool(getattr(request, "mm_features", None)) or getattr(request, "prompt_embeds", None) is not None
+    """A request FlexKV's key cannot tell apart from another that vLLM keeps apart: FlexKV is skipped for it.
+
+    FlexKV keys by token ids and an untagged ``[lora_name, cache_salt]`` (adp:344-390); vLLM keys by
+    multimodal inputs, prompt embeds, ``("lora", name, path)`` and ``("cache_salt", salt)``
+    (kv_cache_utils.py:590-607, 659-669). So LoRA ``t1`` and salt ``t1`` would share KV, and so would
+    one LoRA name over two adapter paths: any LoRA or cache_salt request is not loaded nor stored.
+    """
+    return (
+        bool(getattr(request, "mm_features", None))
+        or getattr(request, "prompt_embeds", None) is not None
+        or getattr(request, "lora_request", None) is not None
+        or getattr(request, "cache_salt", None) is not None
+    )
 
 
 class _Preempted:
