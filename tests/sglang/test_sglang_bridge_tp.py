@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-
 from . import flexkv_serving as serving
 from . import tp_worker
-from .conftest import LLAMA
 from .real_flexkv import SOURCE as REAL
 from .real_flexkv import needs_flexkv
+from .two_ranks import run_two_ranks
 
 
 def run_ranks(tmp_path, real="", broken=False):
     tree = serving.build_serving_tree(tmp_path / "tree")
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps(LLAMA))
-    ctx = mp.get_context("fork")  # SGLang is imported already: spawning would import it twice more
-    queue = ctx.Queue()
-    args = (str(tmp_path / "rdv"), str(tree), str(tmp_path / "llama"), queue, ctx.Queue(), real, broken)
-    procs = [ctx.Process(target=tp_worker.run, args=(rank, *args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((rank, (status, value)) for rank, status, value in (queue.get(timeout=120) for _ in procs))
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    return results
+    return run_two_ranks(
+        tmp_path, tp_worker.run, lambda rdv, llama, queue, spare: (rdv, str(tree), llama, queue, spare, real, broken)
+    )
 
 
 def check(results, exact=(True, True)):

@@ -9,15 +9,12 @@ wait in. Two processes, a real gloo group, SGLang's real FlexKVRadixCache on eac
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-
 import pytest
 
 from tests.flexkv_source import find
 
 from . import tp_faults_worker
-from .conftest import LLAMA
+from .two_ranks import run_two_ranks
 
 ROOT = find().root
 pytestmark = pytest.mark.skipif(ROOT is None, reason=find().skip_reason)
@@ -25,22 +22,7 @@ IDS = 48
 
 
 def run_ranks(tmp_path, mode, control=False):
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps(LLAMA))
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    args = (str(tmp_path / "rdv"), str(tmp_path / "llama"), queue, ctx.Queue(), str(ROOT), mode, control)
-    procs = [ctx.Process(target=tp_faults_worker.run, args=(rank, *args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((rank, (status, value)) for rank, status, value in (queue.get(timeout=120) for _ in procs))
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    results = run_two_ranks(tmp_path, tp_faults_worker.run, lambda *common: (*common, str(ROOT), mode, control))
     for status, value in results.values():
         assert status == "ok", value
     return {rank: value for rank, (_, value) in results.items()}
