@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from tests.flexkv_cpu.kernel import window
+
 WORD = 8
 
 
@@ -164,14 +166,7 @@ class Worker:
         return g.ptrs[0] + (block * w(g.gpu_block) + layer * w(g.gpu_layer) + kv * w(g.gpu_kv)) * WORD
 
     def _resolve(self, addr: int, n: int) -> torch.Tensor:
-        for t in self.registered:
-            storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-            start = addr - storage.data_ptr()
-            if 0 <= start < storage.numel():
-                past = start + n - storage.numel()
-                assert past <= 0, f"FlexKV would run {past} bytes past the end of a registered buffer"
-                return storage[start : start + n]
-        raise AssertionError(f"FlexKV would access {addr:#x}, outside every registered tensor")
+        return window(self.registered, addr, n)
 
     def transfer(self, gpu_blocks: list[int], cpu_blocks: list[int], to_gpu: bool) -> None:
         cpu = self.cpu.view(-1)

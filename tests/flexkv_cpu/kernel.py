@@ -15,7 +15,8 @@ import torch
 WORD = 8
 
 
-def _window(tensors: list[torch.Tensor], addr: int, n: int) -> torch.Tensor:
+def window(tensors: list[torch.Tensor], addr: int, n: int) -> torch.Tensor:
+    """The ``n`` bytes at ``addr`` inside one of ``tensors``' storages; outside or past the end raises."""
     for t in tensors:
         storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
         start = addr - storage.data_ptr()
@@ -53,8 +54,8 @@ def kernel(registered: list[torch.Tensor]) -> Any:
                         gpu_addr = ptrs[0] + (g * gb + layer * gl + kv * gk) * WORD
                     cpu_addr = cpu.data_ptr() + (layer * cl + kv * ck + c * cb) * WORD
                     _aligned(gpu_addr, cpu_addr, chunk)
-                    gpu_w = _window(registered, gpu_addr, words * WORD)
-                    cpu_w = _window([cpu], cpu_addr, words * WORD)
+                    gpu_w = window(registered, gpu_addr, words * WORD)
+                    cpu_w = window([cpu], cpu_addr, words * WORD)
                     (gpu_w if h2d else cpu_w).copy_(cpu_w if h2d else gpu_w)
 
     return transfer_kv_blocks
