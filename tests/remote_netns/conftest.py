@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ..flexkv_source import find
 from .netns import NetnsUnavailable, TwoNodes, two_nodes
 from .nodes import Master, Proc, StartRemote, node_ports
 
@@ -35,6 +36,9 @@ class Deployment:
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    found = find()
+    if found.root is None:
+        pytest.skip(f"two-node tier skipped: {found.skip_reason}")
     ipc = Path(tempfile.mkdtemp(prefix="fkn", dir="/tmp"))  # short: unix socket paths
     locks = tmp_path / "locks"
     locks.mkdir()

@@ -1,4 +1,6 @@
-"""FlexKV's real Python (../shared/flexkv-34ab141) in a process of its own, compiled parts replaced.
+"""FlexKV's real Python in a process of its own, compiled parts replaced.
+
+The source tree is the one ``tests/flexkv_source.py`` finds (e.g. ../shared/flexkv-34ab141).
 
 Imported first thing by the master script (node A) and, as ``transfer_manager``, by start_remote
 (node B). ``flexkv.c_ext`` (C++/CUDA) becomes a module whose every name is an inert class; ``nvtx``,
@@ -12,14 +14,22 @@ registration: ``StorageEngine`` (pinned CPU cache) and ``TransferEngine`` (CUDA 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import types
 from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
-FLEXKV_SOURCE = Path(os.environ.get("FLEXKV_SOURCE") or Path(__file__).parents[3] / "shared" / "flexkv-34ab141")
+from ..flexkv_source import find
+
+
+def source() -> Path:
+    """FlexKV's source tree by the tests' one rule (``tests/flexkv_source.py``); the tier passes the
+    test process's answer to every node's processes as ``FLEXKV_SOURCE``."""
+    found = find()
+    if found.root is None:
+        raise RuntimeError(found.skip_reason)
+    return found.root
 
 
 class _Anything(types.ModuleType):
@@ -65,15 +75,14 @@ def _stand_ins() -> dict[str, types.ModuleType]:
 
 def load() -> types.ModuleType:
     """``flexkv.transfer_manager``, FlexKV's own, importable on a CPU-only machine."""
-    if not (FLEXKV_SOURCE / "flexkv" / "transfer_manager.py").is_file():
-        raise RuntimeError(f"FlexKV's source is not at {FLEXKV_SOURCE} (set FLEXKV_SOURCE)")
-    if str(FLEXKV_SOURCE) not in sys.path:
-        sys.path.insert(0, str(FLEXKV_SOURCE))
+    root = source()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     sys.modules.setdefault("flexkv.c_ext", _Anything("flexkv.c_ext"))
     for name, module in _stand_ins().items():
         if name not in sys.modules and importlib.util.find_spec(name) is None:
             sys.modules[name] = module
     import flexkv.transfer_manager as tm
 
-    assert Path(tm.__file__).is_relative_to(FLEXKV_SOURCE), tm.__file__
+    assert Path(tm.__file__).resolve().is_relative_to(root), tm.__file__
     return tm

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from ..remote_harness import ROOT, SCRIPT, clean_env
+from .flexkv_cpu import source
 from .netns import Node
 
 CPU_REMOTE = "tests.remote_netns.flexkv_remote:CPURemote"
@@ -85,7 +86,7 @@ class Proc:
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            env=clean_env(**(env or {})),
+            env=clean_env(FLEXKV_SOURCE=str(source()), **(env or {})),
         )
         self.started = time.monotonic()
         self.out, self.err = Lines(self.proc.stdout), Lines(self.proc.stderr)  # type: ignore[arg-type]
@@ -181,7 +182,8 @@ class StartRemote(Proc):
         """Node B's GPU ranks (a process of their own on node B) register with the port the master's
         config names. Started early, they queue until the port is bound (ZMQ connects retry)."""
         argv = [sys.executable, "-m", "tests.remote_netns.flexkv_remote", self.register_port, str(ranks)]
-        ranks_proc = subprocess.Popen([*self.node.exec_prefix(), *argv], cwd=ROOT, env=clean_env())
+        env = clean_env(FLEXKV_SOURCE=str(source()))
+        ranks_proc = subprocess.Popen([*self.node.exec_prefix(), *argv], cwd=ROOT, env=env)
         self.helpers.append(ranks_proc)
         return ranks_proc
 
