@@ -14,7 +14,8 @@ imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexK
 - ``get_required_kvcache_layout`` states LBNHC (used when ``VLLM_KV_CACHE_LAYOUT`` is unset and the
   attention backend supports it);
 - the request-lifecycle wrappers of :mod:`.vllm_lifecycle` (failed loads, reset, sleep/wake,
-  ``FLEXKV_SYNC_GET``, multimodal requests, stats), each listed there with the lines it answers.
+  ``FLEXKV_SYNC_GET``, multimodal, LoRA and cache_salt requests), each listed there with the lines it answers;
+- ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.vllm_stats`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from ..errors import AdapterError, NotAddressableError
 from ..layout import ViewKind
-from . import vllm_lifecycle
+from . import vllm_lifecycle, vllm_stats
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def _patch_connector(cls: Any) -> None:
         finally:
             _kv_cache_config.reset(token)
         vllm_lifecycle.attach(self)
+        vllm_stats.attach(self)
 
     @functools.wraps(original_register)
     def register_kv_caches(self: Any, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -117,6 +119,7 @@ def _patch_connector(cls: Any) -> None:
             setattr(cls, name, functools.wraps(getattr(cls, name))(wrapper))
         cls.requires_kv_delivery = property(vllm_lifecycle.requires_kv_delivery)
         cls.build_kv_connector_stats = classmethod(vllm_lifecycle.build_kv_connector_stats)
+        cls.get_kv_connector_stats = vllm_stats.wrap(cls.get_kv_connector_stats)
     setattr(cls, _MARK, True)
     logger.debug("flexkv_adapter: patched %s", cls.__qualname__)
 

@@ -66,6 +66,8 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "restore_kv_caches": (("self",), "base.py:307; gpu_worker.py:344", "adp:967, adp:1123"),
     "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
     "get_block_ids_with_load_errors": (("self",), "kv_connector_model_runner_mixin.py:100", "adp:1280 (set())"),
+    # wrapped by vllm_stats.wrap (installed by vllm.install), not by wrappers()
+    "get_kv_connector_stats": (("self",), "base.py:453-454 (last interval); metrics.py:65-91 sums", "adp:1247-1278"),
 }
 # Base-class methods the workers' report travels through (kv_connector.py:83-150 -> base.py:249-290, 416-424):
 # vLLM's FlexKVConnectorV1 must not override them, or the wrapped get_finished is never asked.
