@@ -124,7 +124,7 @@ def load_outcome(leader: bool, seen: Seen, tid: int, count: int, returned: int |
 @dataclass
 class _Held:
     tid: int  # the leader's FlexKV task (-1 on other ranks)
-    slots: torch.Tensor
+    slots: torch.Tensor  # on SGLang's device and in its dtype: its allocator's free lists live there
 
 
 class Quarantine:
@@ -145,8 +145,9 @@ class Quarantine:
         return len(self.held)
 
     def add(self, tid: int, slots: torch.Tensor) -> None:
-        self.held.append(_Held(tid, slots.detach().to("cpu", torch.int64).clone()))
-        self._withheld.update(int(s) for s in self.held[-1].slots.tolist())
+        # a copy (SGLang may reuse the tensor), not moved: free() later concatenates it with GPU free lists
+        self.held.append(_Held(tid, slots.detach().clone()))
+        self._withheld.update(int(s) for s in slots.detach().to("cpu", torch.int64).tolist())
 
     @contextlib.contextmanager
     def withholding(self, allocator: Any) -> Iterator[None]:
@@ -193,7 +194,7 @@ class Quarantine:
         ended = [h for h, f in zip(self.held, flags, strict=True) if f]
         self.held = [h for h, f in zip(self.held, flags, strict=True) if not f]
         for h in ended:
-            self._withheld.difference_update(int(s) for s in h.slots.tolist())
+            self._withheld.difference_update(int(s) for s in h.slots.to("cpu", torch.int64).tolist())
             if self.allocator is not None:
                 self.allocator.free(h.slots)
         if ended:
