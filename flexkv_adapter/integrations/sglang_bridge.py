@@ -133,13 +133,22 @@ class BridgeConnector:
             return -1, 0
         key = None if handle is None else self._key(handle)
         extra = {} if handle is None else self._req_id("lookup_kv", handle)
+        result, failed = (-1, 0), False
         with self._watch() as seen:
             try:
-                return self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
+                result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
             except Exception as exc:
                 self._cancel(seen.created)
                 self._failed("lookup", key, exc, "served as a miss")
-                return -1, 0
+                failed = True
+        # one answer on every rank: a rank that raised after FlexKV's scatter left the others with a hit,
+        # whose retrieve would wait in a barrier this rank never enters
+        if self.agreement.min([int(not failed)])[0] == 0 and not failed:
+            if key is not None:
+                self.release_pending(handle)
+            self._failed("lookup", key, "another TP rank's lookup failed", "served as a miss on every rank")
+            return -1, 0
+        return result
 
     def retrieve_kv(self, handle: Any, slot_mapping: Any) -> int:
         """Every slot on every rank, or 0; slots FlexKV may still write are quarantined (SGLang frees the rest)."""

@@ -31,6 +31,7 @@ class Faults:
     get: str = ""  # "" | "failed" | "timeout" | "raise": what the next loads' copies do
     put: str = ""  # "" | "raise"
     reset: str = ""  # "" | "raise" | "noop"
+    cancel: str = ""  # "" | "raise": KVManager.cancel raises (e.g. FlexKV's pipe closed)
     delay: int = 2  # engine ticks before a timed-out copy lands
     leader_only: bool = True  # (only the leader has a KVManager: kept for readability of the TP tests)
 
@@ -121,6 +122,8 @@ class FaultyKVManager(DataKVManager):
 
     def cancel(self, task_ids: list[int]) -> None:
         fk.CALLS.append(("cancel", {"task_ids": list(task_ids)}))
+        if FAULTS.cancel == "raise":
+            raise BrokenPipeError("FlexKV's transfer pipe is closed")
         for tid in task_ids:
             task = self.tasks[tid]
             if task.status in ("success", "failed", "cancelled"):

@@ -28,7 +28,7 @@ def run_ranks(tmp_path, mode, control=False):
     return {rank: value for rank, (_, value) in results.items()}
 
 
-@pytest.mark.parametrize("mode", ["failed", "raise", "timeout"])
+@pytest.mark.parametrize("mode", ["failed", "raise", "timeout", "lookup"])
 def test_every_rank_takes_a_miss_when_the_leaders_copy_does_not_succeed(tmp_path, mode):
     results = run_ranks(tmp_path, mode)
     for rank, out in results.items():

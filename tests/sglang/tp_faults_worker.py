@@ -60,9 +60,14 @@ def scenario(rank: int, config_dir: str, registrations: Any, source: str, mode: 
     rig.evict_all()
     zero(rig.pool, first.slots)
     free = rig.alloc.available_size()
-    FAULTS.get, FAULTS.delay = mode, 2
-    loaded, _ = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
-    FAULTS.get = ""
+    r2 = rig.request("r2", IDS, prompt=40, allocate=False)
+    if mode == "lookup":  # a repeated match: FlexKV's leader cancels the held task after its scatter, and raises
+        rig.match(r2)
+        FAULTS.cancel = "raise"
+    else:
+        FAULTS.get, FAULTS.delay = mode, 2
+    loaded, _ = rig.match_and_load(r2)
+    FAULTS.get = FAULTS.cancel = ""
     out: dict[str, Any] = {
         "loaded": loaded,
         "tree": rig.cache.evictable_size(),
