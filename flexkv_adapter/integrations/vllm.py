@@ -53,6 +53,23 @@ def install() -> None:
         logger.debug("flexkv_adapter vLLM plugin not installed: %s", exc)
 
 
+def _sleep_without_hooks(cls: Any, vllm_config: Any) -> str | None:
+    """Sleep mode where vLLM's connector base class has no sleep/wake hooks (vLLM 0.32): refused.
+
+    Asleep, vLLM frees the KV memory FlexKV registered, and without ``unregister_kv_caches`` /
+    ``restore_kv_caches`` nothing tells FlexKV: its workers would copy into freed or remapped memory.
+    """
+    if not getattr(getattr(vllm_config, "model_config", None), "enable_sleep_mode", False):
+        return None
+    if all(h in vllm_lifecycle.applicable(cls) for h in vllm_lifecycle.SLEEP_HOOKS):
+        return None
+    return (
+        "enable_sleep_mode with FlexKV needs vLLM's sleep/wake connector hooks "
+        f"({', '.join(vllm_lifecycle.SLEEP_HOOKS)}), which this vLLM's KVConnectorBase_V1 lacks (vLLM 0.33 has "
+        "them): asleep, vLLM would free the KV memory FlexKV copies to and from. Turn sleep mode off, or use vLLM 0.33"
+    )
+
+
 def _patch_connector(cls: Any) -> None:
     if cls.__dict__.get(_MARK):
         return
@@ -67,6 +84,9 @@ def _patch_connector(cls: Any) -> None:
             raise AdapterError(
                 f"flexkv_adapter: {mismatch}; the plugin was proven on {vllm_lifecycle.PROVEN_TEXT} and refuses"
             )
+        sleeping = _sleep_without_hooks(cls, vllm_config)
+        if sleeping:
+            raise AdapterError(f"flexkv_adapter: {sleeping}")
         _patch_flexkv_config()
         token = _kv_cache_config.set(kv_cache_config)
         try:

@@ -58,3 +58,24 @@ def test_versions_in_the_range_are_accepted(version):
 @pytest.mark.parametrize("version", ["0.3", "0.320.0", "0.34", "", "v0.33"])
 def test_versions_outside_the_range_are_named(version):
     assert "0.32 and 0.33" in (vllm_lifecycle.version_problem(version) or "")
+
+
+def test_sleep_mode_is_refused_where_vllm_has_no_sleep_hooks_to_tell_flexkv(plugged, tmp_path):
+    """Asleep, vLLM frees the KV memory FlexKV registered: without the hooks FlexKV would copy into it."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from flexkv_adapter import AdapterError
+
+    from .build import allocate, connector_config
+
+    _, kv_cache_config, _ = allocate("LBNHC", "mha3", blocks=8)
+    config = connector_config(tmp_path, "mha3")
+    config.model_config.enable_sleep_mode = True
+    has_hooks = all(hasattr(base_class(), n) for n in vllm_lifecycle.SLEEP_HOOKS)
+    if has_hooks:  # vLLM 0.33: the wrappers unregister and restore FlexKV's registration
+        plugged(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    else:  # vLLM 0.32
+        with pytest.raises(AdapterError, match="enable_sleep_mode with FlexKV needs vLLM's sleep/wake"):
+            plugged(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    config.model_config.enable_sleep_mode = False
+    plugged(config, KVConnectorRole.SCHEDULER, kv_cache_config)  # without sleep mode: served on both
