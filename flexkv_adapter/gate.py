@@ -178,12 +178,19 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def _runs(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
-    """Start offsets of a tensor's contiguous runs and their length in bytes; None if there are too many."""
+def _inner(t: torch.Tensor) -> tuple[int, list[tuple[int, int]]]:
+    """The bytes of a tensor's innermost contiguous run, and the (size, stride) dims outside it."""
     item, inner, dims = t.element_size(), t.element_size(), list(zip(t.shape, t.stride()))
     while dims and (dims[-1][0] == 1 or dims[-1][1] * item == inner):
         size, _ = dims.pop()
         inner *= size
+    return inner, dims
+
+
+def _runs(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
+    """Start offsets of a tensor's contiguous runs and their length in bytes; None if there are too many."""
+    item = t.element_size()
+    inner, dims = _inner(t)
     count = int(np.prod([n for n, _ in dims])) if dims else 1
     if count > _EXACT_LIMIT:
         return None
@@ -193,10 +200,29 @@ def _runs(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     return starts + t.data_ptr(), inner
 
 
+def _lattice_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Proven disjoint by arithmetic, at any size: equal geometry whose runs all start on one lattice of
+    period ``p`` (every outer stride a multiple of the smallest), shifted by ``d`` with ``d mod p`` leaving
+    room for a run on both sides (K and V interleaved block by block, as ``kv[:, 0]`` and ``kv[:, 1]``)."""
+    if (a.shape, a.stride(), a.element_size()) != (b.shape, b.stride(), b.element_size()):
+        return False
+    inner, dims = _inner(a)
+    outer = [stride * a.element_size() for size, stride in dims if size > 1]
+    if not outer or min(outer) <= 0:
+        return False
+    period = min(outer)
+    if any(stride % period for stride in outer):
+        return False
+    shift = abs(a.data_ptr() - b.data_ptr()) % period
+    return shift >= inner and period - shift >= inner
+
+
 def _bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors whose spans overlap share a byte (exact for strided tensors, within a bound)."""
     if a.is_contiguous() and b.is_contiguous():
         return True
+    if _lattice_apart(a, b):
+        return False
     ra, rb = _runs(a), _runs(b)
     if ra is None or rb is None:
         return True  # too many runs to enumerate: not proven disjoint
