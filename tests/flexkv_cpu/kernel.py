@@ -22,7 +22,7 @@ def window(tensors: list[torch.Tensor], addr: int, n: int) -> torch.Tensor:
         start = addr - storage.data_ptr()
         if 0 <= start < storage.numel():
             past = start + n - storage.numel()
-            assert past <= 0, f"the kernel would run {past} bytes past a buffer"
+            assert past <= 0, f"the kernel would run {past} bytes past the end of a registered buffer"
             return storage[start : start + n]
     raise AssertionError(f"the kernel would access {addr:#x}, outside every registered tensor")
 

@@ -32,5 +32,5 @@ def test_flexkvs_own_dsa_indexer_registration_overruns_in_flexkvs_real_worker():
     with flexkv_worker_module() as module:
         call = connector_dsa_call(dsa())
         worker = RealWorker(module, call, call["layer_groups"], len(SRC))
-        with pytest.raises(AssertionError, match="bytes past a buffer"):
+        with pytest.raises(AssertionError, match="bytes past the end of a registered buffer"):
             worker.d2h(SRC, list(range(len(SRC))))
