@@ -15,9 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .adapting import adapt
-    from .align import align_across_ranks, align_block_counts
-    from .axes import Axis
+    from .config.settings import AdapterSettings, load_settings
     from .errors import (
         AdapterError,
         AlignmentError,
@@ -31,17 +29,19 @@ if TYPE_CHECKING:
     )
     from .flexkv.plan import FlexKVPlan, plan
     from .flexkv.register import register
-    from .options import AdaptOptions
-    from .recognize import register_attribute_names, unregister_attribute_names
-    from .report import Report
-    from .settings import AdapterSettings, load_settings
-    from .views import MHAView, MLAView, PoolView
+    from .model.axes import Axis
+    from .model.report import Report
+    from .model.views import MHAView, MLAView, PoolView
+    from .pipeline.adapting import adapt
+    from .pipeline.align import align_across_ranks, align_block_counts
+    from .pipeline.options import AdaptOptions
+    from .readers.recognize import register_attribute_names, unregister_attribute_names
 
 _EXPORTS = {
-    "adapt": "adapting",
-    "align_across_ranks": "align",
-    "align_block_counts": "align",
-    "Axis": "axes",
+    "adapt": "pipeline.adapting",
+    "align_across_ranks": "pipeline.align",
+    "align_block_counts": "pipeline.align",
+    "Axis": "model.axes",
     "AdapterError": "errors",
     "AlignmentError": "errors",
     "AmbiguousLayoutError": "errors",
@@ -54,15 +54,15 @@ _EXPORTS = {
     "FlexKVPlan": "flexkv.plan",
     "plan": "flexkv.plan",
     "register": "flexkv.register",
-    "AdaptOptions": "options",
-    "register_attribute_names": "recognize",
-    "unregister_attribute_names": "recognize",
-    "Report": "report",
-    "AdapterSettings": "settings",
-    "load_settings": "settings",
-    "MHAView": "views",
-    "MLAView": "views",
-    "PoolView": "views",
+    "AdaptOptions": "pipeline.options",
+    "register_attribute_names": "readers.recognize",
+    "unregister_attribute_names": "readers.recognize",
+    "Report": "model.report",
+    "AdapterSettings": "config.settings",
+    "load_settings": "config.settings",
+    "MHAView": "model.views",
+    "MLAView": "model.views",
+    "PoolView": "model.views",
 }
 __all__ = [
     "AdaptOptions",

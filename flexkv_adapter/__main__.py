@@ -1,5 +1,5 @@
 """``python -m flexkv_adapter``: the ``flexkv-adapter`` command, for environments without its console script."""
 
-from .cli import main
+from .cli.main import main
 
 raise SystemExit(main())

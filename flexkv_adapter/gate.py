@@ -2,7 +2,7 @@
 
 FlexKV copies whatever pointers it is given, block by block, and checks nothing; a tensor that is
 not memory, or memory that another registered tensor also holds, corrupts the cache silently. So
-every path that produces tensors for FlexKV (:func:`~flexkv_adapter.build.build_view` for the KV of
+every path that produces tensors for FlexKV (:func:`~flexkv_adapter.pipeline.build.build_view` for the KV of
 every source, :mod:`.planes` for each plane as it is read, the hybrid policy for a whole view, and
 :func:`~flexkv_adapter.flexkv.plan` for what it registers, the as-is path included) calls
 :func:`admit` with the groups it has. Its rules, in order (:data:`RULES`):
@@ -10,7 +10,7 @@ every source, :mod:`.planes` for each plane as it is read, the hybrid policy for
 * ``tensor``: a real device, a live storage (not meta, fake, sparse, freed), at least one dimension
   and at least one row;
 * ``read twice``: a group read from an attribute is read again and compared by storage, offset, shape
-  and strides (:func:`~flexkv_adapter.containers.same_memory`), never by object identity;
+  and strides (:func:`~flexkv_adapter.readers.containers.same_memory`), never by object identity;
 * ``count``: as many tensors as layers x tensors per layer (a K list then a V list: two);
 * ``group``: when the registration is known (``blocks``), the group rules that need no tp: every group
   addressed with group 0's K/V planes (kv_dim), layers of the KV's stage only, a compress ratio that
@@ -30,10 +30,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .containers import same_memory
-from .copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem
 from .errors import InconsistentLayersError, NotAddressableError, UnsupportedPoolError, describe
-from .probe import storage_problem
+from .model.copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem
+from .readers.containers import same_memory
+from .readers.probe import storage_problem
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check on a GPU what FlexKV's workers will do with adapted views; without one, run the CPU parts.
 
-1. Builds a pool of every supported kind (``flexkv_adapter.samples``) on the device, fills it with
+1. Builds a pool of every supported kind (``flexkv_adapter.cli.samples``) on the device, fills it with
    random bytes, adapts it, and proves zero-copy by writing through the view and reading the
    pool's own tensors.
 2. Shares every view tensor with a second process through ``torch.multiprocessing`` reductions
@@ -40,10 +40,10 @@ except ModuleNotFoundError as _missing:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flexkv_adapter.adapting import adapt
+from flexkv_adapter.cli.samples import SAMPLES
 from flexkv_adapter.errors import AdapterError
 from flexkv_adapter.flexkv.plan import plan
-from flexkv_adapter.samples import SAMPLES
+from flexkv_adapter.pipeline.adapting import adapt
 
 from gpu_check_copy import check_zero_copy, raw_bytes, roots, stride_blind_copy  # isort: skip
 from gpu_check_share import share_with_child  # isort: skip

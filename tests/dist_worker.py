@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from flexkv_adapter import adapt
-from flexkv_adapter.align import align_across_ranks, align_block_counts
+from flexkv_adapter.pipeline.align import align_across_ranks, align_block_counts
 
 from .helpers import SGLangLikeMHAPool
 

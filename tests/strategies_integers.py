@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from flexkv_adapter.integers import LIMIT
+from flexkv_adapter.config.integers import LIMIT
 
 from .strategies_review3 import _Index, _number  # the numeric costumes of the third review
 

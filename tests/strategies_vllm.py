@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from flexkv_adapter.vllm_layout import LAYOUTS
+from flexkv_adapter.readers.vllm_layout import LAYOUTS
 
 
 class CopyingMapping(Mapping[str, torch.Tensor]):

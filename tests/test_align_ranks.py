@@ -9,8 +9,8 @@ from types import MappingProxyType
 import pytest
 
 from flexkv_adapter import AdapterError, adapt
-from flexkv_adapter.align import align_across_ranks, align_block_counts
 from flexkv_adapter.errors import AlignmentError
+from flexkv_adapter.pipeline.align import align_across_ranks, align_block_counts
 
 from . import dist_worker
 from .helpers import SGLangLikeMHAPool

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from flexkv_adapter import __version__
-from flexkv_adapter.cli import main
-from flexkv_adapter.samples import SAMPLES
+from flexkv_adapter.cli.main import main
+from flexkv_adapter.cli.samples import SAMPLES
 
 
 def test_demo_adapts_every_supported_kind_and_refuses_the_rest(capsys):
@@ -48,7 +48,7 @@ def test_demo_notes_give_each_long_explanation_once(capsys):
 
 
 def test_once_points_later_notes_to_the_first_and_keeps_short_ones():
-    from flexkv_adapter.demo import once
+    from flexkv_adapter.cli.demo import once
 
     long = "(" + "x" * 60 + ")"
     notes = once([f"a {long} b {long} (short)", f"c {long} (short)", "d"])
@@ -102,7 +102,7 @@ def test_version(capsys):
 
 
 def test_demo_fails_with_one_line_error_when_a_sample_misbehaves(capsys, monkeypatch):
-    from flexkv_adapter import demo, samples
+    from flexkv_adapter.cli import demo, samples
 
     broken = samples.Sample("broken", lambda: object(), {"page_size": 16})
     monkeypatch.setattr(demo, "_samples", lambda: (broken,))
@@ -123,7 +123,7 @@ def test_console_script_runs_the_demo():
 def test_start_remote_is_reached_with_or_without_a_leading_v(argv):
     # In a subprocess: start-remote ends with os._exit (threads blocked in FlexKV), which in-process
     # would end pytest itself with status 0 and skip every later test.
-    code = f"from flexkv_adapter.cli import main; main({argv!r})"
+    code = f"from flexkv_adapter.cli.main import main; main({argv!r})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage: flexkv-adapter start-remote"), done.stderr
 

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from flexkv_adapter import doctor, lookup
+from flexkv_adapter.cli import doctor
+from flexkv_adapter.config import lookup
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.integrations import external_remote
 from flexkv_adapter.remote import lock, preflight, spawns
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import StateTracker
-from flexkv_adapter.settings import load_settings
 
 from .bounded_call import outcome_within
 

@@ -46,7 +46,7 @@ def test_readme_first_screen_says_what_is_in_the_box():
 
 
 def test_settings_page_names_every_setting():
-    from flexkv_adapter.settings import AdapterSettings
+    from flexkv_adapter.config.settings import AdapterSettings
 
     page = (ROOT / "docs" / "settings.md").read_text()
     missing = [f for f in AdapterSettings.model_fields if f"`{f}`" not in page]
@@ -73,11 +73,11 @@ def test_wheel_carries_what_the_readme_promises(tmp_path):
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("flexkv_adapter-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"flexkv_adapter/py.typed", "flexkv_adapter/cli.py", "flexkv_adapter/demo.py"} <= set(names)
+    assert {"flexkv_adapter/py.typed", "flexkv_adapter/cli/main.py", "flexkv_adapter/cli/demo.py"} <= set(names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     for line in (
-        "flexkv-adapter = flexkv_adapter.cli:main",
+        "flexkv-adapter = flexkv_adapter.cli.main:main",
         "[sglang.srt.plugins]\nflexkv_adapter = flexkv_adapter.integrations.sglang:install",
         "[vllm.general_plugins]\nflexkv_adapter = flexkv_adapter.integrations.vllm:install",
     ):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from flexkv_adapter.cli import main
+from flexkv_adapter.cli.main import main
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flexkv_adapter import doctor_engines
+from flexkv_adapter.cli import doctor_engines
 
 
 def _installed(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str], registered: set[str]) -> None:
@@ -81,7 +81,7 @@ def test_an_engine_without_the_entry_point_is_an_error_that_says_how_to_fix_it(m
 
 
 def test_doctor_shows_the_engine_rows(monkeypatch):
-    from flexkv_adapter.doctor import run_doctor
+    from flexkv_adapter.cli.doctor import run_doctor
 
     _installed(monkeypatch, {"vllm": "0.31.0"}, {"vllm"})
     result = run_doctor()

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flexkv_adapter import load_settings, lookup
+from flexkv_adapter import load_settings
+from flexkv_adapter.config import lookup
 from flexkv_adapter.integrations import external_remote
 from flexkv_adapter.integrations.external_remote import ExternalRemote, ExternalRemoteError, wait_for_start_remote
 from flexkv_adapter.remote.health import HealthServer

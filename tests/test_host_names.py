@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.settings import load_settings
 
 BAD = ["a..b", "a" * 64 + ".example", ".lead", "x\udcff.example"]
 GOOD = ["10.0.0.1", "node0", "node-0.cluster.local", "ex\u00e4mple.com", "::1", "a" * 63 + ".example"]

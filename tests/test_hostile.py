@@ -14,7 +14,7 @@ from flexkv_adapter import (
     adapt,
     plan,
 )
-from flexkv_adapter.samples import _swa_pool
+from flexkv_adapter.cli.samples import _swa_pool
 
 from .helpers import assert_aliases, distinct
 

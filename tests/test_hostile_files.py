@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from flexkv_adapter import AdapterError, adapt
-from flexkv_adapter.cli import main
+from flexkv_adapter.cli.main import main
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.settings import load_settings
-from flexkv_adapter.spec import LayoutSpec, load_spec, merge_spec_options
+from flexkv_adapter.readers.spec import LayoutSpec, load_spec, merge_spec_options
 
 LAYOUTS = Path(__file__).parents[1] / "configs" / "layouts"
 SPEC = "name: x\naxes: N H D\n"
@@ -169,7 +169,7 @@ class _Weird:
 
 @pytest.mark.parametrize("answer", [42, b"bytes", ["a", "b"], _Weird(), object()])
 def test_a_plugin_returning_a_non_spec_is_named(monkeypatch, answer):
-    from flexkv_adapter import plugins
+    from flexkv_adapter.readers import plugins
 
     monkeypatch.setattr(plugins, "recognizers", lambda: (("odd-plugin", lambda pool: answer),))
     with pytest.raises(AdapterError, match="recogniser plugin odd-plugin returned"):
@@ -236,7 +236,7 @@ def test_path_objects_that_are_not_text_paths(source):
 def test_the_cli_shows_every_settings_problem_on_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FLEXKV_ADAPTER_HYBRID", "maybe")
     monkeypatch.setenv("FLEXKV_ADAPTER_TP_SIZE", "true")
-    monkeypatch.setattr("flexkv_adapter.cli._cmd_demo", lambda args: load_settings() and 0)
+    monkeypatch.setattr("flexkv_adapter.cli.main._cmd_demo", lambda args: load_settings() and 0)
     assert main(["demo"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: invalid settings:") and "hybrid='maybe'" in line and "tp_size='true'" in line

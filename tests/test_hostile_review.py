@@ -69,7 +69,7 @@ def test_pool_metadata_out_of_range_is_refused(attr, value):
 
 
 def _swa_without_model_ids() -> object:
-    from flexkv_adapter.samples import _swa_pool
+    from flexkv_adapter.cli.samples import _swa_pool
 
     pool = _swa_pool()
     del pool.full_kv_pool.model_layer_ids  # SGLang's sub-pools have none: the wrapper's mapping gives the ids
@@ -153,7 +153,7 @@ def test_swa_mapping_whose_indices_do_not_enumerate_the_sub_pool_is_refused(mapp
 
 @pytest.mark.parametrize("mapping", [{2: 0, 5: 0}, {2: 0, 5: 3}])
 def test_linear_hybrid_mapping_whose_indices_do_not_enumerate_the_sub_pool_is_refused(mapping):
-    from flexkv_adapter.samples import _hybrid_linear_pool
+    from flexkv_adapter.cli.samples import _hybrid_linear_pool
 
     pool = _hybrid_linear_pool()
     del pool.full_kv_pool.model_layer_ids
@@ -191,7 +191,7 @@ def test_layer_options_contradicting_model_layer_ids_are_refused(options):
 @pytest.mark.parametrize("own_ids", [True, False])
 def test_explicit_attrs_into_a_hybrid_sub_pool_take_its_layer_ids(sub, ids, own_ids):
     """attrs=["full_kv_pool.k_buffer", ...] labelled layers 1 and 4 as 0 and 1."""
-    from flexkv_adapter.samples import _swa_pool
+    from flexkv_adapter.cli.samples import _swa_pool
 
     pool = _swa_pool()
     if not own_ids:  # SGLang's sub-pools: only the wrapper's layers_mapping knows the ids

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError
+from flexkv_adapter.config.settings import AdapterSettings, load_settings
+from flexkv_adapter.config.yamlfile import MAX_NODES
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.settings import AdapterSettings, load_settings
-from flexkv_adapter.spec import LayoutSpec, load_spec
-from flexkv_adapter.yamlfile import MAX_NODES
+from flexkv_adapter.readers.spec import LayoutSpec, load_spec
 
 EXAMPLES = settings(
     max_examples=int(os.environ.get("HOSTILE_EXAMPLES", "2000")),

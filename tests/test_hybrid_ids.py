@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 
 from flexkv_adapter import InconsistentLayersError, adapt
+from flexkv_adapter.cli.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
 
 from .strategies_hybrid import duplicated_ids
 

@@ -23,9 +23,9 @@ import yaml
 from hypothesis import given, settings
 
 from flexkv_adapter import AdapterError, adapt, load_settings
-from flexkv_adapter.align import align_block_counts
+from flexkv_adapter.config.yamlfile import EXPONENT_FLOAT
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.yamlfile import EXPONENT_FLOAT
+from flexkv_adapter.pipeline.align import align_block_counts
 
 from .strategies_integers import ROWS, durations, env_texts, hostile_integers
 from .test_vllm_layout import views
@@ -62,7 +62,7 @@ def _file(data: dict[str, Any]) -> str:
 
 
 def _plugin(spec: dict[str, Any]) -> Any:
-    return mock.patch("flexkv_adapter.plugins.recognizers", lambda: (("ways", lambda pool: spec),))
+    return mock.patch("flexkv_adapter.readers.plugins.recognizers", lambda: (("ways", lambda pool: spec),))
 
 
 def _with_yaml(way: Any) -> Any:

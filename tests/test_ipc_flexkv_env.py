@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.settings import load_settings
 
 GOOD = ["ipc:///tmp/flexkv_server", "ipc:///run/fk/a", "ipc://@flexkv"]
 

@@ -168,7 +168,7 @@ def test_layer_count_must_match_the_model_config_per_stage():
 
 
 def test_an_attention_only_hybrid_view_is_refused_against_the_full_model():
-    from flexkv_adapter.samples import _swa_pool
+    from flexkv_adapter.cli.samples import _swa_pool
 
     view = adapt(_swa_pool(), hybrid="attention_only")
     first = view.tensors()[0]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flexkv_adapter import InconsistentLayersError, adapt
-from flexkv_adapter.hybrid import HybridPoolError
+from flexkv_adapter.hybrid.detect import HybridPoolError
 
 from .test_gate import both_refuse, fp4_like
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flexkv_adapter import AmbiguousLayoutError, adapt
-from flexkv_adapter.plugins import reload_recognizers
+from flexkv_adapter.readers.plugins import reload_recognizers
 
 
 def _install_plugin(root, dist: str, body: str, entry: str) -> None:

@@ -10,9 +10,9 @@ import time
 import pytest
 from hypothesis import given, settings
 
+from flexkv_adapter.config.settings import FAILED_VISIBLE_MAX_S, load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.exit_codes import ExitCode
-from flexkv_adapter.settings import FAILED_VISIBLE_MAX_S, load_settings
 
 from .remote_harness import Remote, free_ports, holding, run_once
 from .strategies_remote import values_outside

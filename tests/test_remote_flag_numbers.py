@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.cli import build_parser
-from flexkv_adapter.settings import load_settings
 
 from .strategies_integers import env_texts
 

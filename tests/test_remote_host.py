@@ -315,9 +315,9 @@ def test_states_only_ever_move_forward(moves):
 
 def test_a_master_name_that_resolves_to_the_wildcard_address_is_refused(monkeypatch):
     # e.g. a blocklisting /etc/hosts maps the name to 0.0.0.0; literal wildcards already fail at load
+    from flexkv_adapter.config.settings import load_settings
     from flexkv_adapter.remote import preflight
     from flexkv_adapter.remote.exit_codes import RemoteExit
-    from flexkv_adapter.settings import load_settings
 
     real = socket.getaddrinfo
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.exit_codes import ExitCode
-from flexkv_adapter.settings import load_settings
 
 from .remote_harness import run_once
 from .strategies_remote import absolute_ipc_endpoints, relative_ipc_endpoints

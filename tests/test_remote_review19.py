@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from flexkv_adapter import load_settings, pids
+from flexkv_adapter import load_settings
+from flexkv_adapter.config import pids
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.integrations.external_remote import ExternalRemoteError, wait_for_start_remote
 from flexkv_adapter.remote import spawns, states, teardown

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from flexkv_adapter import InconsistentLayersError, adapt
-from flexkv_adapter.samples import _swa_pool
+from flexkv_adapter.cli.samples import _swa_pool
 
 ATTRS = ["full_kv_pool.k_buffer", "full_kv_pool.v_buffer"]
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from flexkv_adapter import AdapterError, AmbiguousLayoutError, InconsistentLayersError, adapt
+from flexkv_adapter.config.integers import read_integer
 from flexkv_adapter.errors import PlanError
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.model import model_facts
-from flexkv_adapter.integers import read_integer
 
 from .helpers import SGLangLikeMHAPool, distinct
 from .test_vllm_layout import views

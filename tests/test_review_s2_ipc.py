@@ -14,8 +14,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.settings import load_settings
 
 from .strategies_remote import absolute_ipc_endpoints, ipc_endpoints_naming_no_socket
 

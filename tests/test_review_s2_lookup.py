@@ -1,4 +1,4 @@
-"""Session-2 review of the engine's bounded name lookups (flexkv_adapter/lookup.py, once integrations/lookup.py).
+"""Session-2 review of the engine's bounded name lookups (flexkv_adapter/config/lookup.py).
 
 A resolver that never answers costs one thread per distinct name. Names the engine looks up come
 partly from start_remote's answers (the master it reports), so their number is not the engine's to
@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from flexkv_adapter import lookup
+from flexkv_adapter.config import lookup
 
 _names = itertools.count()
 

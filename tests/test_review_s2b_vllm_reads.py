@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from flexkv_adapter import adapt
 from flexkv_adapter.errors import NotAddressableError
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.vllm_layout import LAYOUTS
+from flexkv_adapter.readers.vllm_layout import LAYOUTS
 
 from .strategies_vllm import layer_views
 

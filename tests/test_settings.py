@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flexkv_adapter.config.settings import AdapterSettings, load_settings, setting_sources
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.settings import AdapterSettings, load_settings, setting_sources
 
 EXAMPLE = Path(__file__).parents[1] / "configs" / "flexkv-adapter.example.yaml"
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from flexkv_adapter import AdapterError, UnsupportedPoolError, adapt
-from flexkv_adapter.cli import main
+from flexkv_adapter.cli.main import main
+from flexkv_adapter.cli.samples import SAMPLES
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.samples import SAMPLES
-from flexkv_adapter.spec import LayoutSpec, builtin_specs, load_spec
+from flexkv_adapter.readers.spec import LayoutSpec, builtin_specs, load_spec
 
 from .helpers import distinct
 

@@ -149,7 +149,7 @@ def test_hybrid_names_found_in_the_source_cover_the_known_markers():
 
 @pytest.mark.parametrize("build", ["mha", "mla", "swa", "hybrid_linear", "minimax"])
 def test_views_hide_every_hybrid_attribute_of_their_source(build):
-    from flexkv_adapter.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
+    from flexkv_adapter.cli.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
 
     pools = {
         "mha": _mha,

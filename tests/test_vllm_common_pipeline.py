@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import flexkv_adapter.build as build
+import flexkv_adapter.pipeline.build as build
 from flexkv_adapter import (
     AmbiguousLayoutError,
     InconsistentLayersError,
@@ -20,9 +20,9 @@ from flexkv_adapter import (
     UnsupportedPoolError,
     adapt,
 )
-from flexkv_adapter.adapting import recognise
-from flexkv_adapter.options import resolve_geometry
-from flexkv_adapter.vllm_layout import LAYOUTS, vllm_form, vllm_twin
+from flexkv_adapter.pipeline.adapting import recognise
+from flexkv_adapter.pipeline.options import resolve_geometry
+from flexkv_adapter.readers.vllm_layout import LAYOUTS, vllm_form, vllm_twin
 
 from .helpers import SGLangLikeMHAPool
 from .strategies_vllm import CopyingMapping, layer_views, vllm_033_dicts
@@ -102,7 +102,7 @@ def test_every_rule_of_the_common_builder_runs_for_a_vllm_dict(rule, monkeypatch
 
 def test_the_rule_list_names_every_check_the_builder_calls():
     """A check added to build_view (from carve, labels or the gate) joins RULES, so the test above covers it."""
-    modules = ("flexkv_adapter.carve", "flexkv_adapter.labels", "flexkv_adapter.gate")
+    modules = ("flexkv_adapter.pipeline.carve", "flexkv_adapter.pipeline.labels", "flexkv_adapter.gate")
     called = {
         name
         for name in build.build_view.__code__.co_names

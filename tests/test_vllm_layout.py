@@ -22,7 +22,7 @@ from flexkv_adapter import (
 )
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
-from flexkv_adapter.vllm_layout import LAYOUTS, is_vllm_dict
+from flexkv_adapter.readers.vllm_layout import LAYOUTS, is_vllm_dict
 
 from .helpers import distinct, flexkv_worker_read
 

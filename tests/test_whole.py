@@ -9,7 +9,7 @@ import torch
 
 from flexkv_adapter import adapt
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.hybrid import HybridPoolError
+from flexkv_adapter.hybrid.detect import HybridPoolError
 
 from .sglang.whole_pools import roundtrip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flexkv_adapter import AdapterError
-from flexkv_adapter.spec import load_spec
+from flexkv_adapter.readers.spec import load_spec
 
 HEAD = "name: merged\naxes: L KV N H D\n"
 TWICE = {

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, shard_problem
 from ..errors import NotAddressableError, PlanError, describe
+from ..model.copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, shard_problem
 
 if TYPE_CHECKING:
     from .plan_types import FlexKVPlan

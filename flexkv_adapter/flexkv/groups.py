@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..copy_rules import shard_problem
 from ..errors import NotAddressableError, PlanError
 from ..gate import admit
-from ..planes import PartialPoolError, Plane, WholePool, describe
+from ..hybrid.planes import PartialPoolError, Plane, WholePool, describe
+from ..model.copy_rules import shard_problem
 from ._import import import_flexkv
 from .checks import shared_kv_mode
 from .plan_types import FlexKVPlan, GroupPlan
 
 if TYPE_CHECKING:
-    from ..views import PoolView
+    from ..model.views import PoolView
 
 _MISSING = object()
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config.integers import LIMIT, bounded_integer
 from ..errors import AmbiguousLayoutError, PlanError
-from ..integers import LIMIT, bounded_integer
+from ..model.views import PoolView
 from ..text import short_repr
-from ..views import PoolView
 
 if TYPE_CHECKING:
     from .plan_types import FlexKVPlan

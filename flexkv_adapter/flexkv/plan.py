@@ -28,20 +28,20 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from ..adapting import adapt_source, hybrid_markers, recognise
-from ..axes import format_axes, parse_axes
-from ..carve import Planes, check_consistent
-from ..containers import Located
 from ..errors import PlanError
 from ..gate import Group, admit
-from ..labels import layer_ids_of
-from ..layout import Geometry, Interpretation
-from ..options import AdaptOptions, resolve_geometry, validate_options
-from ..planes import carries_planes
-from ..sources import Source, locate_source
+from ..hybrid.planes import carries_planes
+from ..model.axes import format_axes, parse_axes
+from ..model.layout import Geometry, Interpretation
+from ..model.views import MHAView, PoolView
+from ..pipeline.adapting import adapt_source, hybrid_markers, recognise
+from ..pipeline.carve import Planes, check_consistent
+from ..pipeline.labels import layer_ids_of
+from ..pipeline.options import AdaptOptions, resolve_geometry, validate_options
+from ..pipeline.sources import Source, locate_source
+from ..readers.containers import Located
+from ..readers.vllm_layout import is_vllm_dict
 from ..text import short_repr
-from ..views import MHAView, PoolView
-from ..vllm_layout import is_vllm_dict
 from .checks import check_chunks, check_five_d
 from .groups import check_not_partial, plan_groups
 from .model import (

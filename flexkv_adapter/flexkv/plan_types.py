@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..layout import ViewKind
+from ..model.layout import ViewKind
 from ._import import import_flexkv
 
 

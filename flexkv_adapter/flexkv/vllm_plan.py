@@ -1,4 +1,7 @@
-"""Plan FlexKV registration of a vLLM 0.33 ``register_kv_caches`` dict (see :mod:`~flexkv_adapter.vllm_layout`)."""
+"""Plan FlexKV registration of a vLLM 0.33 ``register_kv_caches`` dict.
+
+See :mod:`flexkv_adapter.readers.vllm_layout`.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..layout import ViewKind
-from ..vllm_layout import VLLMForm, vllm_form
+from ..model.layout import ViewKind
+from ..readers.vllm_layout import VLLMForm, vllm_form
 from .checks import check_chunks
 from .model import (
     LayoutFacts,

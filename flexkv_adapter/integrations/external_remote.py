@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import lookup
+from ..config import lookup
+from ..config.pids import alive
+from ..config.settings import AdapterSettings
 from ..errors import AdapterError
-from ..pids import alive
-from ..settings import AdapterSettings
 from ..text import clip
 from . import health_probe
 

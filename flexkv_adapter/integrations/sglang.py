@@ -39,10 +39,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..config.settings import AdapterSettings, load_settings
 from ..errors import AdapterError, SettingsError
-from ..hybrid import HybridPoolError
-from ..settings import AdapterSettings, load_settings
-from ..views import PoolView
+from ..hybrid.detect import HybridPoolError
+from ..model.views import PoolView
 from .external_remote import ExternalRemote, wait_for_start_remote
 from .sglang_aborts import register_abort_hook
 from .sglang_bridge import PREFIX, BridgeConnector
@@ -137,7 +137,7 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
 
 
 def adapt_pool(pool: object, page_size: int, kind: str) -> PoolView:
-    from ..adapting import adapt
+    from ..pipeline.adapting import adapt
 
     return adapt(pool, page_size=page_size, kind=kind, hybrid="error")  # type: ignore[arg-type]
 

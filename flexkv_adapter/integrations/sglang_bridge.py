@@ -23,8 +23,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..config.settings import load_settings
 from ..errors import AdapterError
-from ..settings import load_settings
 from .sglang_flush import SCHEDULER_MODULE, flush
 from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from ..copy_rules import shard_problem
 from ..errors import AdapterError, InconsistentLayersError
 from ..flexkv.checks import shared_kv_mode
-from ..hybrid import detect, plane_groups, pool_kind, scale_groups
-from ..layout import ViewKind
-from ..views import PoolView
+from ..hybrid.detect import detect, plane_groups, pool_kind, scale_groups
+from ..model.copy_rules import shard_problem
+from ..model.layout import ViewKind
+from ..model.views import PoolView
 
 FIX_SKEW = (
     "Fix: pin FlexKV to b70205e (the last commit this connector works with: "

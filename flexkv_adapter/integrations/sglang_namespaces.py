@@ -12,7 +12,7 @@ import importlib
 import logging
 from typing import Any
 
-from ..settings import AdapterSettings
+from ..config.settings import AdapterSettings
 from .sglang_bridge import PREFIX
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.settings import load_settings
 from ..errors import AdapterError
-from ..settings import load_settings
 from .sglang_aborts import STORE_LOCKS
 from .sglang_checks import installed_flexkv_api, skew_error
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import AdapterError, NotAddressableError
-from ..layout import ViewKind
+from ..model.layout import ViewKind
 from . import vllm_lifecycle, vllm_stats
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
 def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int) -> tuple[Any, list[str]]:
     """The adapter's plan of the main KV caches, and the indexer entries left out of it."""
     from ..flexkv.vllm_plan import plan_vllm
-    from ..vllm_layout import INDEXER_SUFFIX
+    from ..readers.vllm_layout import INDEXER_SUFFIX
 
     indexer = [n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX)]
     main = {n: t for n, t in kv_caches.items() if n not in indexer}

@@ -18,8 +18,8 @@ import re
 import time
 from typing import Any
 
+from ..config.settings import load_settings
 from ..errors import AdapterError
-from ..settings import load_settings
 from .vllm_ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
 
 logger = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar, cast
 
+from ..config.lookup import LookupTimedOut
+from ..config.settings import AdapterSettings, load_settings
+from ..config.strict import number_kind, number_text
 from ..errors import SettingsError
-from ..lookup import LookupTimedOut
-from ..settings import AdapterSettings, load_settings
-from ..strict import number_kind, number_text
 from .children import end_children, reap_descendants
 from .dryrun import dry_run as run_dry
 from .dryrun import plan

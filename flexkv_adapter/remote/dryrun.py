@@ -14,9 +14,9 @@ import socket
 import sys
 from typing import Any
 
-from .. import lookup
+from ..config import lookup
+from ..config.settings import AdapterSettings
 from ..errors import FLEXKV_INSTALL_HINT
-from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
 from .lock import InstanceLock, prepare_lock_dir
 from .output import say

@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .. import lookup
+from ..config import lookup
 from .exit_codes import ExitCode, RemoteExit
 from .states import State, StateTracker
 

@@ -19,7 +19,7 @@ import struct
 import threading
 from pathlib import Path
 
-from ..hosts import ipv4_address
+from ..config.hosts import ipv4_address
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)

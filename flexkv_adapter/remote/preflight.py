@@ -11,10 +11,10 @@ import socket
 import time
 from collections.abc import Callable
 
-from .. import lookup
+from ..config import lookup
+from ..config.hosts import classify_host, ipv4_address
+from ..config.settings import AdapterSettings
 from ..errors import FLEXKV_INSTALL_HINT
-from ..hosts import classify_host, ipv4_address
-from ..settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import lookup
+from ..config import lookup
 from .lock import LOOKUP_S, flexkv_spawned_remotes, is_flexkv_spawn
 
 _LISTEN = "0A"

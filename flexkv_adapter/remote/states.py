@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..pids import alive
+from ..config.pids import alive
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)

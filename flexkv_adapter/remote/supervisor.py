@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..settings import AdapterSettings
+from ..config.settings import AdapterSettings
 from .exit_codes import ExitCode, RemoteExit
 from .preflight import StopRequested
 from .states import State, StateTracker

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError, InconsistentLayersError, SettingsError
-from flexkv_adapter.hybrid import HybridPoolError
+from flexkv_adapter.hybrid.detect import HybridPoolError
 from flexkv_adapter.integrations.sglang import IN_TREE_CONNECTOR, IN_TREE_MODULE, module_exists
 from flexkv_adapter.integrations.sglang_namespaces import RADIX_CLASS
 

@@ -1,6 +1,6 @@
 """vLLM's real KV cache dicts (0.32 or 0.33): adapt()'s vLLM reading gives, pointer for pointer and byte for byte,
 the view the generic reading (``axes="P H T D"``) gives of the same tensors, and plan()'s chunks; where
-one refuses, so does the other. Both go through one builder (flexkv_adapter.build.build_view).
+one refuses, so does the other. Both go through one builder (flexkv_adapter.pipeline.build.build_view).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from flexkv_adapter import adapt
-from flexkv_adapter.vllm_layout import vllm_form
+from flexkv_adapter.readers.vllm_layout import vllm_form
 
 from ..view_facts import accepted_or_refused as _outcome
 from ..view_facts import view_facts as _facts

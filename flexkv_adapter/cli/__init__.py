@@ -1,0 +1,1 @@
+"""The ``flexkv-adapter`` command: demo, doctor, inspect and start-remote."""

@@ -1,0 +1,1 @@
+"""Configuration: settings and YAML files, the integer rule, host names and bounded name lookups."""

@@ -1,0 +1,1 @@
+"""Hybrid pools: full/SWA/mamba sub-pools, their layer-id maps, and the planes stored beside the KV."""

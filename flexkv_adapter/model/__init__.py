@@ -1,0 +1,1 @@
+"""The vocabulary every stage shares: axes, geometries, views, reports and FlexKV's copy rules."""

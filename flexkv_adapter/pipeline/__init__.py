@@ -1,0 +1,1 @@
+"""``adapt()``: the stages that turn a located pool into FlexKV-ready views, in order."""

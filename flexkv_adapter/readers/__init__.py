@@ -1,0 +1,1 @@
+"""Reading a pool: finding its tensors (containers, attributes, vLLM dicts, specs, plugins) and naming their axes."""
