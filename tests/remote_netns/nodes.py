@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from ..remote_harness import ROOT, SCRIPT, clean_env
+from ..remote.harness import ROOT, SCRIPT, clean_env
 from .flexkv_cpu import source
 from .netns import Node
 

@@ -160,7 +160,7 @@ def _engine_wait(deployment: Deployment, node, health_port: int, absent_s: float
     """The engine side of ``remote: external`` (integrations/external_remote.py) run on ``node``."""
     import subprocess
 
-    from ..remote_harness import ROOT, clean_env
+    from ..remote.harness import ROOT, clean_env
 
     code = (
         "import sys\n"

@@ -19,8 +19,8 @@ import pytest
 from flexkv_adapter.errors import FLEXKV_INSTALL_HINT
 from flexkv_adapter.remote.exit_codes import MEANINGS, ExitCode
 
-from .remote_harness import ROOT, SCRIPT, Remote, clean_env, free_ports, holding
-from .remote_standin import MasterStandIn, register_gpus
+from .harness import ROOT, SCRIPT, Remote, clean_env, free_ports, holding
+from .standin import MasterStandIn, register_gpus
 
 
 def run(tmp: Path, *extra: str, env: dict[str, str] | None = None, shell_tail: str = "", **flags: object):
@@ -32,7 +32,7 @@ def run(tmp: Path, *extra: str, env: dict[str, str] | None = None, shell_tail: s
         "node-rank": 1,
         "lock-dir": str(tmp),
         "connect-timeout": 0.3,
-        "transfer-manager": "tests.remote_standin:StandInRemote",
+        "transfer-manager": "tests.remote.standin:StandInRemote",
     }
     options.update({k.replace("_", "-"): v for k, v in flags.items()})
     argv = [sys.executable, str(SCRIPT), "--allow-loopback-master", *extra]
@@ -77,7 +77,7 @@ def test_a_dry_run_never_touches_a_live_remotes_ready_file_lock_or_port(tmp_path
         first.wait_state("ready")
         written = first.ready_file.read_bytes()
         ports = ",".join(map(str, first.ports))
-        standin = "tests.remote_standin:StandInRemote"
+        standin = "tests.remote.standin:StandInRemote"
         common = {"ready_file": first.ready_file, "transfer_manager": standin, "lock_dir": tmp_path / "locks"}
         # the same master: its lock is held and its health port answers; both are warnings, nothing taken
         code, out, err = run(tmp_path, "--dry-run", master_ports=ports, health_port=first.health_port, **common)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flexkv_adapter.remote.children import descendants
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "start_remote.py"
 
 
@@ -81,7 +81,7 @@ class Remote:
             "master-ports": ",".join(map(str, self.ports)),
             "nnodes": 2,
             "node-rank": 1,
-            "transfer-manager": "tests.remote_standin:StandInRemote",
+            "transfer-manager": "tests.remote.standin:StandInRemote",
             "server-recv-port": self.server_recv_port,
             "lock-dir": str(tmp / "locks"),
             "health-port": self.health_port,

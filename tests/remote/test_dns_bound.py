@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from flexkv_adapter.remote.children import descendants
-from tests.remote_harness import ROOT, Remote
+
+from .harness import ROOT, Remote
 
 HANG = "master.hangs-in-the-resolver.test"
 CONNECT_S, GRACE_S = 1.0, 6.0

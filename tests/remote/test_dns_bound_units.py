@@ -20,7 +20,7 @@ from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import StateTracker
 
-from .bounded_call import outcome_within
+from ..bounded_call import outcome_within
 
 _names = itertools.count()
 BOUND_S = 20.0  # generous: without the bound the call never returns at all

@@ -1,9 +1,7 @@
-"""A fourth outside review of start_remote and ``remote: external`` (real sockets, processes, /proc).
-
-Each case is one class the third review fixed, met from another side: std streams closed at
-start (fds 0-2 must not be handed to the lock file or a socket), a lock whose machine-wide socket
-is probed more often than its backlog holds, a spawn that exits while its sockets are read, a wait
-that sleeps past ``remote_absent_s``, and path settings with newlines, empty or relative values.
+"""start_remote and ``remote: external`` at their edges (real sockets, processes, /proc): std streams
+closed at start (fds 0-2 must not be handed to the lock file or a socket), a lock whose machine-wide
+socket is probed more often than its backlog holds, a spawn that exits while its sockets are read, a
+wait that sleeps past ``remote_absent_s``, and path settings with newlines, empty or relative values.
 """
 
 from __future__ import annotations
@@ -28,10 +26,10 @@ from flexkv_adapter.remote import spawns, states, teardown
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.lock import InstanceLock
 
-from .remote_harness import ROOT, SCRIPT, clean_env, free_ports
-from .test_remote_probe_bounds import _http, serving
-from .test_remote_spawns import Spawned
-from .test_start_remote_dryrun import run
+from ..integrations.test_external_remote_probe_bounds import _http, serving
+from .harness import ROOT, SCRIPT, clean_env, free_ports
+from .test_dryrun import run
+from .test_spawns import Spawned
 
 PORTS = ("5556", "5557", "5558")
 
@@ -48,7 +46,7 @@ def test_closed_std_fds_are_not_handed_to_the_lock_file_or_a_socket(tmp_path):
     argv = [sys.executable, str(SCRIPT), "--allow-loopback-master", "--master-host", "127.0.0.1"]
     argv += ["--master-ports", ",".join(map(str, free_ports(3))), "--nnodes", "2", "--node-rank", "1"]
     argv += ["--lock-dir", str(tmp_path), "--connect-timeout", "20", "--health-port", str(health)]
-    argv += ["--transfer-manager", "tests.remote_standin:StandInRemote"]
+    argv += ["--transfer-manager", "tests.remote.standin:StandInRemote"]
     proc = subprocess.Popen(argv, env=clean_env(), cwd=ROOT, preexec_fn=_close_std_fds)
     try:
         deadline = time.monotonic() + 20

@@ -13,8 +13,8 @@ import pytest
 from flexkv_adapter.remote.exit_codes import ExitCode
 from flexkv_adapter.remote.spawns import classify_spawns, spawn_of
 
-from .remote_harness import free_ports, holding
-from .test_start_remote_dryrun import run
+from .harness import free_ports, holding
+from .test_dryrun import run
 
 # The shape of FlexKV's create_process script (build from the pickled class, start, keep running),
 # here connecting to the master ports given in argv like TransferManagerOnRemote's three sockets.

@@ -17,7 +17,7 @@ from flexkv_adapter.integrations.external_remote import ExternalRemote, External
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
-from .bounded_call import outcome_within
+from ..bounded_call import outcome_within
 
 PORTS = ("5556", "5557", "5558")
 _names = itertools.count()

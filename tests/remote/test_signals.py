@@ -10,8 +10,8 @@ import pytest
 
 from flexkv_adapter.remote.exit_codes import ExitCode
 
-from .remote_harness import Remote, alive
-from .remote_standin import MasterStandIn, register_gpus
+from .harness import Remote, alive
+from .standin import MasterStandIn, register_gpus
 
 
 @pytest.fixture

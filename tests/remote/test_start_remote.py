@@ -1,6 +1,6 @@
 """scripts/start_remote.py as a real subprocess against stand-ins that behave like FlexKV's remote.
 
-The stand-in (tests/remote_standin.py) blocks in its constructor for the one config, blocks in
+The stand-in (tests/remote/standin.py) blocks in its constructor for the one config, blocks in
 start(), spawns worker processes that take time to exit, and hangs for ever in shutdown() after
 ready; the master sends its config once. Sockets, signals, processes and timers are real.
 """
@@ -16,8 +16,8 @@ import pytest
 
 from flexkv_adapter.remote.exit_codes import ExitCode
 
-from .remote_harness import Remote, run_once
-from .remote_standin import MasterStandIn, register_gpus
+from .harness import Remote, run_once
+from .standin import MasterStandIn, register_gpus
 
 ORDER = ["waiting_for_master", "handshake", "waiting_for_gpus", "starting_engine", "ready", "shutting_down", "failed"]
 

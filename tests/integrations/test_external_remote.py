@@ -26,7 +26,7 @@ from flexkv_adapter.integrations.external_remote import (
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
-from .bounded_call import in_thread
+from ..bounded_call import in_thread
 
 PORTS = ("5556", "5557", "5558")
 

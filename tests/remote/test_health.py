@@ -13,8 +13,8 @@ from flexkv_adapter.remote.exit_codes import ExitCode
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import StateTracker
 
-from .remote_harness import free_ports
-from .test_remote_host import startup
+from .harness import free_ports
+from .test_host import startup
 
 
 def test_a_slow_loris_health_client_is_cut_at_a_total_deadline(monkeypatch):

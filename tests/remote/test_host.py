@@ -31,8 +31,8 @@ from flexkv_adapter.remote.lock import (
 )
 from flexkv_adapter.remote.states import State, StateTracker
 
-from .remote_harness import ROOT, Remote, free_ports, holding, run_once
-from .remote_standin import MasterStandIn, register_gpus
+from .harness import ROOT, Remote, free_ports, holding, run_once
+from .standin import MasterStandIn, register_gpus
 
 
 def startup(tmp: Path, *extra: str, env: dict[str, str] | None = None, **flags: object) -> tuple[int, str]:
@@ -42,7 +42,7 @@ def startup(tmp: Path, *extra: str, env: dict[str, str] | None = None, **flags: 
         "master-ports": ",".join(map(str, free_ports(3))),
         "nnodes": 2,
         "node-rank": 1,
-        "transfer-manager": "tests.remote_standin:StandInRemote",
+        "transfer-manager": "tests.remote.standin:StandInRemote",
         "lock-dir": str(tmp),
         "connect-timeout": 0.3,
     }
