@@ -4,7 +4,8 @@ Names are unique per run (pid and a random tag), so two runs on one machine neve
 namespace or a link, and each pair gets a random subnet (``10.213.<random>.<4k+1,4k+2>/30``).
 Namespaces of a run that was killed before its clean-up are removed by the next run. :func:`two_nodes` deletes both
 namespaces (and with them the veth pair) in a ``finally``, whatever happened. Every ``ip`` call
-ends within ``IP_TIMEOUT_S``.
+ends within ``IP_TIMEOUT_S``. For a slow or lossy link (this kernel has no netem), a third
+namespace sits between them and ``relay.py`` forwards the frames there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 IP_TIMEOUT_S = 10.0
-PREFIX = "fkv2n-"  # fkv2n-<pid>-<tag>-a|b: the pid tells a live run's namespaces from a dead one's
+PREFIX = "fkv2n-"  # fkv2n-<pid>-<tag>-a|b|r: the pid tells a live run's namespaces from a dead one's
 UNUSED_MAC = "02:00:5e:00:28:01"  # locally administered, on no interface: frames to it go nowhere
 
 
@@ -47,11 +48,26 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Between:
+    """A third namespace on the link (``two_nodes(relayed=True)``): one veth end towards each node,
+    no address; ``relay.py`` forwards the frames between ``dev_a`` and ``dev_b``."""
+
+    netns: str
+    dev_a: str
+    dev_b: str
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns]
+
+
+@dataclass(frozen=True)
 class TwoNodes:
-    """Node A (the master's, node 0) and node B (start_remote's, node 1), one link between them."""
+    """Node A (the master's, node 0) and node B (start_remote's, node 1), one link between them:
+    a veth pair, or, relayed, A's veth to ``between`` and ``between``'s other veth to B."""
 
     a: Node
     b: Node
+    between: Between | None = None
 
     def link(self, up: bool) -> None:
         """Cut (or restore) the link: B's end down takes the carrier off both ends."""
@@ -99,8 +115,9 @@ def refusal() -> str | None:
 
 
 @contextlib.contextmanager
-def two_nodes() -> Iterator[TwoNodes]:
-    """Create the pair for one test; both namespaces are deleted on the way out, whatever happens."""
+def two_nodes(relayed: bool = False) -> Iterator[TwoNodes]:
+    """Create the pair for one test (``relayed``: with a namespace between them, whose frames a relay
+    must forward); every namespace is deleted on the way out, whatever happens."""
     why = refusal()
     if why:
         raise NetnsUnavailable(why)
@@ -109,15 +126,25 @@ def two_nodes() -> Iterator[TwoNodes]:
     third, quad = random.randrange(256), random.randrange(64)
     a = Node(f"{PREFIX}{os.getpid()}-{tag}-a", f"fkva{tag}", f"10.213.{third}.{4 * quad + 1}")
     b = Node(f"{PREFIX}{os.getpid()}-{tag}-b", f"fkvb{tag}", f"10.213.{third}.{4 * quad + 2}")
+    between = Between(f"{PREFIX}{os.getpid()}-{tag}-r", f"fkvra{tag}", f"fkvrb{tag}") if relayed else None
     made: list[str] = []
     try:
-        for node in (a, b):
-            done = ip("netns", "add", node.netns, check=False)
+        for name in (a.netns, b.netns, *([between.netns] if between else [])):
+            done = ip("netns", "add", name, check=False)
             if done.returncode != 0:
                 raise NetnsUnavailable(f"`ip netns add` refused: {done.stderr.strip()}")
-            made.append(node.netns)
+            made.append(name)
+        veth = ["ip", "link", "add", a.dev, "netns", a.netns, "type", "veth", "peer", "name"]
+        if between is None:
+            links = [[*veth, b.dev, "netns", b.netns]]
+        else:
+            links = [
+                [*veth, between.dev_a, "netns", between.netns],
+                ["ip", "link", "add", between.dev_b, "netns", between.netns, "type", "veth", "peer", "name", b.dev,
+                 "netns", b.netns],
+            ]  # fmt: skip
         for argv in (
-            ["ip", "link", "add", a.dev, "netns", a.netns, "type", "veth", "peer", "name", b.dev, "netns", b.netns],
+            *links,
             ["ip", "netns", "exec", a.netns, "true"],  # mounts /sys for the namespace: refused in some containers
         ):
             done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
@@ -127,7 +154,10 @@ def two_nodes() -> Iterator[TwoNodes]:
             ip("-n", node.netns, "addr", "add", f"{node.address}/30", "dev", node.dev)
             ip("-n", node.netns, "link", "set", "lo", "up")
             ip("-n", node.netns, "link", "set", node.dev, "up")
-        nodes = TwoNodes(a, b)
+        if between is not None:
+            for dev in (between.dev_a, between.dev_b):
+                ip("-n", between.netns, "link", "set", dev, "up")
+        nodes = TwoNodes(a, b, between)
         nodes.wait_carrier()
         yield nodes
     finally:

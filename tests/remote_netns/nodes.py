@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +20,8 @@ from typing import IO
 
 from ..remote.harness import ROOT, SCRIPT, clean_env
 from .flexkv_cpu import source
-from .netns import Node
+from .netns import Between, Node
+from .relay import LinkSpec, parse_stats
 
 CPU_REMOTE = "tests.remote_netns.flexkv_remote:CPURemote"
 DEFAULTS = {  # seconds: short, so the whole tier takes a few minutes
@@ -78,7 +80,7 @@ class Lines:
 
 
 class Proc:
-    def __init__(self, node: Node, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, node: Node | Between, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [*node.exec_prefix(), *argv],
             stdin=subprocess.PIPE,
@@ -141,6 +143,24 @@ class Master(Proc):
                 return answers[0] == "ready True"
             time.sleep(0.02)
         raise AssertionError("the master did not answer is_ready()")
+
+
+class Relay(Proc):
+    """``relay.py`` in the namespace between the nodes: each frame ``link.delay_s`` late each way, a
+    seeded ``link.loss`` share dropped. Started before anything crosses the link."""
+
+    def __init__(self, between: Between, link: LinkSpec) -> None:
+        argv = [sys.executable, "-m", "tests.remote_netns.relay", between.dev_a, between.dev_b, *link.argv()]
+        super().__init__(between, argv)
+        at = self.out.wait(lambda line: line == "relaying", 10, self.alive)
+        assert at is not None, f"the relay did not start:\n{self.err.text()[-2000:]}"
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM, then its counts (frames forwarded, dropped, failed)."""
+        self.proc.send_signal(signal.SIGTERM)
+        code, _ = self.exit(5)
+        assert code == 0, self.err.text()[-2000:]
+        return parse_stats(self.out.text().splitlines()[-1])
 
 
 class StartRemote(Proc):
