@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..config.problems import problem
 from ..config.strict import NonNegativeInt, PositiveInt
 from ..config.yamlfile import read_yaml_mapping, shown
 from ..errors import AdapterError
@@ -147,15 +148,17 @@ def load_spec(source: LayoutSpec | Mapping[str, Any] | str | os.PathLike[str]) -
     try:
         return LayoutSpec.model_validate(data)
     except ValidationError as exc:
-        raise AdapterError(f"invalid layout spec ({where}): {validation_problems(exc)}") from None
+        from_yaml = not isinstance(source, Mapping)
+        raise AdapterError(f"invalid layout spec ({where}): {validation_problems(exc, from_yaml=from_yaml)}") from None
 
 
-def validation_problems(exc: ValidationError, limit: int = 8) -> str:
-    """pydantic's errors as ``key=value: problem`` items, each value and the whole list bounded."""
+def validation_problems(exc: ValidationError, limit: int = 8, from_yaml: bool = False) -> str:
+    """pydantic's errors as ``key=value: problem`` items (:func:`~flexkv_adapter.config.problems.problem`:
+    did-you-mean, quoted YAML numbers), each value and the whole list bounded."""
     errors = exc.errors()
     items = [
         f"{'.'.join(clip(str(p), 60) for p in e['loc'])}"
-        f"{'' if e['type'] == 'missing' else '=' + short_repr(e.get('input'))}: {clip(e['msg'], 200)}"
+        f"{'' if e['type'] == 'missing' else '=' + short_repr(e.get('input'))}: {problem(e, LayoutSpec, from_yaml)}"
         for e in errors[:limit]
     ]
     if len(errors) > limit:
