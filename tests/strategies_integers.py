@@ -1,4 +1,4 @@
-"""Hostile integers for every way in (:mod:`tests.test_integer_ways`): one value, every numeric costume.
+"""Hostile integers for every way in (:mod:`tests.config.test_integer_ways`): one value, every numeric costume.
 
 A drawn value is an integer a pool of 64 rows accepts as its page size (a divisor of 64), a layer id,
 or one the integer rule must refuse in every path: zero, negative, at or past ``integers.LIMIT``, and

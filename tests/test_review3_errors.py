@@ -13,7 +13,7 @@ from flexkv_adapter.flexkv.model import model_facts
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 
 from .helpers import SGLangLikeMHAPool, distinct
-from .test_vllm_layout import views
+from .readers.test_vllm_layout import views
 
 
 class RaisingIndex:

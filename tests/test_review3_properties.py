@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
+from .pipeline.test_hostile_properties import _holds
 from .strategies_review3 import (
     copying_getters,
     metadata_numbers,
@@ -14,7 +15,6 @@ from .strategies_review3 import (
     shared_byte_dicts,
     unlabelled_entries,
 )
-from .test_hostile_properties import _holds
 
 FEW = settings(max_examples=80, deadline=None)
 

@@ -21,7 +21,7 @@ from flexkv_adapter import (
 from flexkv_adapter.flexkv import plan
 
 from .helpers import SGLangLikeMHAPool, distinct
-from .test_vllm_layout import views
+from .readers.test_vllm_layout import views
 
 
 def test_a_single_head_k_v_pair_is_ambiguous_and_kind_settles_it():

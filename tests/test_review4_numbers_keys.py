@@ -20,7 +20,7 @@ from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.model import model_facts
 
 from .helpers import SGLangLikeMHAPool, distinct
-from .test_vllm_layout import views
+from .readers.test_vllm_layout import views
 
 
 class TrueIndex:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
+from .pipeline.test_hostile_properties import _holds
 from .strategies_review4 import hostile_keys, shifted_overlaps
-from .test_hostile_properties import _holds
 
 FEW = settings(max_examples=40, deadline=None)
 

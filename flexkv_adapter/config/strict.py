@@ -34,7 +34,7 @@ def read_seconds(
 ) -> float:
     """A duration: a real number (never a bool or a string), finite, in ``(0, maximum]`` (``[0, ...]`` with
     ``zero``); anything else is ``error`` naming ``what``. The settings' :data:`PositiveFloat` with
-    ``le=maximum`` accepts the same values (tests/test_integer_ways.py)."""
+    ``le=maximum`` accepts the same values (tests/config/test_integer_ways.py)."""
     try:
         number = float(value) if isinstance(value, numbers.Real) and not is_bool(value) else math.nan  # type: ignore[arg-type]
     except (OverflowError, ValueError, TypeError):  # 10**400; a Real whose __float__ fails
