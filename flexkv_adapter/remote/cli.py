@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from ..config.lookup import LookupTimedOut
 from ..config.settings import AdapterSettings, load_settings
-from ..config.strict import number_kind, number_text
 from ..errors import SettingsError
+from .args import build_parser, overrides
 from .children import end_children, reap_descendants
 from .dryrun import dry_run as run_dry
 from .dryrun import plan
-from .exit_codes import ExitCode, RemoteExit, exit_table
+from .exit_codes import ExitCode, RemoteExit
 from .health import HealthServer
 from .lock import InstanceLock, prepare_lock_dir
-from .output import flush_all, guard_streams
+from .output import LastLines, flush_all, guard_streams
 from .preflight import (
     StopRequested,
     apply_gpu_visibility,
@@ -35,103 +33,6 @@ from .supervisor import Signals, Supervisor
 
 logger = logging.getLogger("flexkv_adapter.remote")
 T = TypeVar("T")
-
-# command-line flag -> settings field (flags win over every other source); a number is read from its text by
-# the rule environment variables use (ASCII decimal), and any other text is left for the settings to refuse
-_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("--master-host", "master_host", "node 0's address (FLEXKV_MASTER_HOST)"),
-    ("--master-ports", "master_ports", "command,result,query ports (FLEXKV_MASTER_PORTS)"),
-    ("--nnodes", "nnodes", "number of nodes"),
-    ("--node-rank", "node_rank", "this node's rank (must not be 0)"),
-    ("--server-recv-port", "server_recv_port", "FlexKV server port, same on every node (ipc: absolute path)"),
-    ("--transfer-manager", "transfer_manager", "module:Class of the remote transfer manager"),
-    ("--connect-timeout", "connect_timeout_s", "seconds to wait for the master's ports"),
-    ("--handshake-timeout", "handshake_timeout_s", "seconds to wait for the master's config"),
-    ("--gpu-timeout", "gpu_timeout_s", "seconds to wait for local GPU registrations"),
-    ("--engine-timeout", "engine_timeout_s", "seconds for the transfer engine to start after registration"),
-    ("--grace", "grace_s", "seconds for a clean shutdown after SIGTERM/SIGINT/SIGHUP"),
-    ("--reap-grace", "reap_grace_s", "of grace_s, seconds workers get to stop (unpin) before SIGTERM"),
-    ("--probe-interval", "probe_interval_s", "from the master's config on: seconds between heartbeats to it"),
-    (
-        "--master-lost",
-        "master_lost_s",
-        "from the config on: exit 13 when the master's heartbeats fail this long",
-    ),
-    ("--health-host", "health_host", "health endpoint address"),
-    ("--health-port", "health_port", "health endpoint port (off unless set)"),
-    (
-        "--failed-visible",
-        "failed_visible_s",
-        "after a failure, seconds the health endpoint keeps serving `failed` before the exit (0 to 60)",
-    ),
-    ("--ready-file", "ready_file", "file present (JSON) only while ready"),
-    ("--lock-dir", "lock_dir", "existing directory of the lock (default: $XDG_RUNTIME_DIR or a private one)"),
-)
-
-
-class _Parser(argparse.ArgumentParser):
-    """Command-line errors end like every other exit: one ``ERROR start_remote:`` line, status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        logger.error("invalid command line: %s", message)
-        raise SystemExit(ExitCode.SETTINGS)
-
-
-def _default(dest: str) -> str:
-    field = AdapterSettings.model_fields[dest]
-    if dest == "master_ports":
-        return ",".join(map(str, field.default))
-    if dest == "lock_dir":
-        return "$XDG_RUNTIME_DIR or /tmp/flexkv-adapter-<uid>"
-    return "unset" if field.default is None else str(field.default)
-
-
-def _text_of(dest: str) -> Callable[[str], object]:
-    """How a flag's text becomes a value: one rule with the environment (``1_6``, ``16.0`` for an
-    integer, other scripts' digits stay text, which the settings refuse with their own message)."""
-    kind = number_kind(AdapterSettings.model_fields[dest])
-
-    def read(text: str) -> object:
-        return number_text(text, kind)
-
-    return read
-
-
-def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=prog,
-        description="Supervised FlexKV remote transfer process for nodes 1..N-1 of a multi-node deployment. "
-        "Flags win over FLEXKV_ADAPTER_* variables, FlexKV's own variables, the --config file and the defaults.",
-        epilog=f"exit statuses (docs/start_remote.md):\n{exit_table()}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--config", help="YAML settings file (default: $FLEXKV_ADAPTER_CONFIG)")
-    for flag, dest, text in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=_text_of(dest), help=f"{text} (default: {_default(dest)})")
-    parser.add_argument(
-        "--allow-loopback-master",
-        dest="allow_loopback_master",
-        action="store_const",
-        const=True,
-        help="accept a loopback master with nnodes > 1 (single-machine testing)",
-    )
-    parser.add_argument(
-        "--keep-cuda-visible-devices",
-        dest="keep_cuda_visible_devices",
-        action="store_const",
-        const=True,
-        help="do not clear CUDA_VISIBLE_DEVICES",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="validate settings and paths, print the plan and exit 0, changing nothing (no lock taken, no port "
-        "bound, no file written or deleted); a missing FlexKV or an unreachable master is a warning",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
 
 def _unless_stopped(step: Callable[[], T], signals: Signals) -> T:
     """Run a step that can block for long (a name lookup, bounded by connect_timeout_s; importing FlexKV
@@ -225,13 +126,15 @@ def _refuse_spawns(s: AdapterSettings) -> None:
             ExitCode.ALREADY_RUNNING,
             f"FlexKV's engine already spawned a remote on this node for this master, or for one its sockets "
             f"do not tell ({'; '.join(x.describe() for x in refused)}); two remotes on one master split its "
-            f"commands. Stop one of them",
+            f"commands. Stop one of them, or wait until that spawn connects to its own master",
         )
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> int:
     guard_streams()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s start_remote: %(message)s")
+    last = LastLines()
+    logging.getLogger().addHandler(last)
     try:
         args = build_parser(prog).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a command-line error (2, logged by the parser)
@@ -240,11 +143,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> in
         logging.getLogger().setLevel(logging.DEBUG)
     signals = Signals()
     signals.install()  # before anything slow, so SIGTERM is handled in every state
-    overrides = {dest: getattr(args, dest) for _, dest, _ in _FLAGS}
-    overrides["allow_loopback_master"] = args.allow_loopback_master
-    overrides["keep_cuda_visible_devices"] = args.keep_cuda_visible_devices
     try:
-        s = load_settings(args.config, **overrides)
+        s = load_settings(args.config, **overrides(args))
     except SettingsError as exc:
         logger.error("%s", str(exc).replace(":\n  ", ": ").replace("\n  ", "; "))
         return ExitCode.BAD_PORTS if "master_ports" in exc.keys else ExitCode.SETTINGS
@@ -252,7 +152,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> in
         why = " ".join(f"{type(exc).__name__}: {exc}".split())
         logger.error("cannot load settings (config %s): %s", args.config or "$FLEXKV_ADAPTER_CONFIG", why)
         return ExitCode.SETTINGS
-    return int(run_remote(s, args.dry_run, signals))
+    code = run_remote(s, args.dry_run, signals)
+    last.repeat_error(logger, code)
+    return int(code)
 
 
 def entry_point(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> None:

@@ -27,14 +27,19 @@ class StopRequested(Exception):
 
 def validate(s: AdapterSettings) -> None:
     """Refuse settings a remote must not run with (each with its own exit status)."""
+    if not s.master_host:  # the required settings first, in the order --help lists them
+        raise RemoteExit(
+            ExitCode.SETTINGS, "master_host is unset: set FLEXKV_MASTER_HOST (or --master-host) to node 0's address"
+        )
+    if "node_rank" not in s.model_fields_set:  # its default (0) is the engine's, never a remote's
+        raise RemoteExit(
+            ExitCode.SETTINGS,
+            "node_rank is unset: give this node's rank, 1..nnodes-1 (--node-rank or FLEXKV_ADAPTER_NODE_RANK)",
+        )
     if s.node_rank == 0:
         raise RemoteExit(
             ExitCode.NODE_RANK_ZERO,
             "node_rank is 0: node 0 runs FlexKV's master; run start_remote on nodes 1..nnodes-1",
-        )
-    if not s.master_host:
-        raise RemoteExit(
-            ExitCode.SETTINGS, "master_host is unset: set FLEXKV_MASTER_HOST (or --master-host) to node 0's address"
         )
     if _ipv6_literal(s.master_host):
         raise RemoteExit(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import lookup
@@ -24,13 +24,35 @@ _LISTEN = "0A"
 class Spawn:
     pid: int
     peers: frozenset[tuple[str, int]] | None  # TCP peers (address, port); None when unreadable
+    program: str = "python"
+    why: str = ""  # set by classify_spawns: why it counts for this master, or which master it serves
 
     def describe(self) -> str:
+        """The process seen and why it counts: the refusal names what an operator must stop."""
+        seen = f"pid {self.pid}: {self.program} -c running FlexKV's create_process script (TransferManagerOnRemote)"
+        if self.why:
+            return f"{seen}, {self.why}"
         if self.peers is None:
-            return f"pid {self.pid} (its sockets are not readable)"
+            return f"{seen}, its sockets are not readable"
         if not self.peers:
-            return f"pid {self.pid} (no TCP connection yet)"
-        return f"pid {self.pid} (connected to {', '.join(f'{h}:{p}' for h, p in sorted(self.peers))})"
+            return f"{seen}, no TCP connection yet"
+        return f"{seen}, connected to {_peers(self.peers)}"
+
+
+def _peers(peers: frozenset[tuple[str, int]] | set[tuple[str, int]]) -> str:
+    return ", ".join(f"{h}:{p}" for h, p in sorted(peers))
+
+
+def _verdict(spawn: Spawn, addresses: set[str], ports: tuple[int, int, int]) -> tuple[bool, str]:
+    """(refused, why): a spawn connected to this master, or one whose master its sockets do not tell."""
+    if spawn.peers is None:
+        return True, "its sockets are not readable (another user's process?), so its master cannot be told"
+    if not spawn.peers:
+        return True, "no TCP connection yet, so its master cannot be told (FlexKV connects once started)"
+    mine = {(h, p) for h, p in spawn.peers if h in addresses and p in ports}
+    if mine:
+        return True, f"connected to this master's {_peers(mine)}"
+    return False, f"connected to {_peers(spawn.peers)}, not to this master"
 
 
 def _socket_inodes(pid: int) -> set[int] | None:
@@ -75,17 +97,22 @@ def _tcp_peers(pid: int, inodes: set[int]) -> set[tuple[str, int]]:
 
 def spawn_of(pid: int) -> Spawn:
     inodes = _socket_inodes(pid)
-    return Spawn(pid, None if inodes is None else frozenset(_tcp_peers(pid, inodes)))
+    argv = _argv(pid) or ["python"]
+    return Spawn(pid, None if inodes is None else frozenset(_tcp_peers(pid, inodes)), argv[0])
+
+
+def _argv(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
 
 
 def _still_a_spawn(pid: int) -> bool:
     """Read again after its sockets: a spawn that exited meanwhile (gone, or a zombie with an empty
     command line and no fds) serves no master, and its unreadable fds must not count as unknown."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return False
-    return is_flexkv_spawn(argv)
+    argv = _argv(pid)
+    return argv is not None and is_flexkv_spawn(argv)
 
 
 def master_addresses(host: str, lookup_s: float = LOOKUP_S) -> set[str]:
@@ -109,6 +136,6 @@ def classify_spawns(
     for spawn in map(spawn_of, flexkv_spawned_remotes()):
         if not _still_a_spawn(spawn.pid):
             continue
-        same = spawn.peers is not None and any(h in addresses and p in ports for h, p in spawn.peers)
-        (refused if spawn.peers is None or not spawn.peers or same else others).append(spawn)
+        refuse, why = _verdict(spawn, addresses, ports)
+        (refused if refuse else others).append(replace(spawn, why=why))
     return refused, others

@@ -184,24 +184,31 @@ Instance().start()
 
 
 def test_only_flexkvs_own_spawn_counts_as_a_running_remote(tmp_path):
+    """Only these processes are looked at: other tests' spawns on the machine may come and go. The spawn
+    connects to this test's master before it starts, so no other start_remote counts it as its own."""
     bystander = subprocess.Popen(["grep", "-c", "Error in TransferManager subprocess"], stdin=subprocess.PIPE)
     lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "TransferManagerOnRemote"])
     time.sleep(0.2)
     try:
-        assert flexkv_spawned_remotes() == []
-        code, line = startup(tmp_path)
-        assert code == ExitCode.MASTER_UNREACHABLE, line
-        spawned = subprocess.Popen([sys.executable, "-c", FLEXKV_LIKE_SPAWN])
-        deadline = time.monotonic() + 10
-        while not Path(f"/proc/{spawned.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.01)  # an exec'ing process shows an empty command line for a moment
-        try:
-            assert flexkv_spawned_remotes() == [spawned.pid]
-            code, line = startup(tmp_path)
-            assert code == ExitCode.ALREADY_RUNNING and str(spawned.pid) in line, line
-        finally:
-            spawned.kill()
-            spawned.wait()
+        assert not {bystander.pid, lookalike.pid} & set(flexkv_spawned_remotes())
+        with holding() as a, holding() as b, holding() as c:
+            ports = ",".join(map(str, (a, b, c)))
+            code, line = startup(tmp_path)  # a master nobody serves
+            assert code == ExitCode.MASTER_UNREACHABLE, line
+            socks = [socket.create_connection(("127.0.0.1", p)) for p in (a, b, c)]
+            spawned = subprocess.Popen([sys.executable, "-c", FLEXKV_LIKE_SPAWN], pass_fds=[s.fileno() for s in socks])
+            for sock in socks:
+                sock.close()
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{spawned.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)  # an exec'ing process shows an empty command line for a moment
+            try:
+                assert spawned.pid in flexkv_spawned_remotes()
+                code, line = startup(tmp_path, master_ports=ports)
+                assert code == ExitCode.ALREADY_RUNNING and str(spawned.pid) in line, line
+            finally:
+                spawned.kill()
+                spawned.wait()
     finally:
         for proc in (bystander, lookalike):
             proc.kill()

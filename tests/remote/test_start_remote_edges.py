@@ -27,7 +27,7 @@ from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.lock import InstanceLock
 
 from ..integrations.test_external_remote_probe_bounds import _http, serving
-from .harness import ROOT, SCRIPT, clean_env, free_ports
+from .harness import ROOT, SCRIPT, clean_env, free_ports, holding
 from .test_dryrun import run
 from .test_spawns import Spawned
 
@@ -93,26 +93,27 @@ def test_the_lock_holder_is_named_however_often_it_is_asked(tmp_path):
 def test_a_spawn_that_exits_while_its_sockets_are_read_is_not_refused(monkeypatch, reaped):
     """/proc race: listed as a spawn, gone (or a zombie) when its fds are read. It serves no master:
     refusing it as 'sockets not readable' would make start_remote exit 6 for nothing."""
-    spawn = Spawned()
-    real = spawns.flexkv_spawned_remotes
+    with holding() as port:  # a master of its own, listening while the spawn lives
+        spawn = Spawned(port)  # connected from its start: no other test's start_remote refuses it
+        real = spawns.flexkv_spawned_remotes
 
-    def listed_then_gone() -> list[int]:
-        found = real()
-        assert spawn.proc.pid in found
-        spawn.proc.kill()
-        if reaped:
-            spawn.proc.wait()
-        else:  # killed, not yet collected: a zombie with an empty cmdline and no fds
-            while Path(f"/proc/{spawn.proc.pid}/cmdline").read_bytes():
-                time.sleep(0.01)
-        return found
+        def listed_then_gone() -> list[int]:
+            found = real()
+            assert spawn.proc.pid in found
+            spawn.proc.kill()
+            if reaped:
+                spawn.proc.wait()
+            else:  # killed, not yet collected: a zombie with an empty cmdline and no fds
+                while Path(f"/proc/{spawn.proc.pid}/cmdline").read_bytes():
+                    time.sleep(0.01)
+            return found
 
-    monkeypatch.setattr(spawns, "flexkv_spawned_remotes", listed_then_gone)
-    try:
-        refused, others = spawns.classify_spawns("127.0.0.1", tuple(free_ports(3)))
-        assert spawn.proc.pid not in [s.pid for s in refused + others], refused
-    finally:
-        spawn.close()
+        monkeypatch.setattr(spawns, "flexkv_spawned_remotes", listed_then_gone)
+        try:
+            refused, others = spawns.classify_spawns("127.0.0.1", tuple(free_ports(3)))
+            assert spawn.proc.pid not in [s.pid for s in refused + others], refused
+        finally:
+            spawn.close()
 
 
 def test_the_wait_never_sleeps_past_remote_absent_s():
