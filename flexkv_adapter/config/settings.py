@@ -20,7 +20,6 @@ import contextlib
 import os
 import re
 from contextvars import ContextVar
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -38,6 +37,7 @@ from ..text import clip, short_repr
 from .hosts import is_unspecified, resolvable_name
 from .integers import decimal_text
 from .ipc_endpoint import server_recv_port
+from .problems import did_you_mean, problem
 from .strict import (
     COLLECTIVE_MAX_S,
     EnvNumbers,
@@ -287,7 +287,7 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
     data = _read_file(path, "argument" if config_file else CONFIG_ENV) if path is not None else None
     unknown = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in _known_env())
     if unknown:
-        hints = [f"{u} (did you mean {m[0]}?)" if (m := get_close_matches(u, _known_env(), 1)) else u for u in unknown]
+        hints = [f"{u}{did_you_mean(u, _known_env(), ENV_PREFIX)}" for u in unknown]
         raise SettingsError(f"unknown environment variable(s): {', '.join(hints)}")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     token = _file_data.set(data)
@@ -304,11 +304,12 @@ def _invalid(exc: ValidationError, origins: dict[str, str], limit: int = 10) -> 
     lines: list[str] = []
     keys: list[str] = []
     for err in exc.errors():
-        key = clip(str(err["loc"][0]), 60) if err["loc"] else "settings"
+        raw = str(err["loc"][0]) if err["loc"] else "settings"
+        key = clip(raw, 60)
         keys.append(key)
         if len(lines) < limit:
-            value = short_repr(err.get("input"))
-            lines.append(f"{key}={value} (from {origins.get(key, 'settings')}): {clip(err['msg'], 200)}")
+            value, origin = short_repr(err.get("input")), origins.get(raw, "settings")
+            lines.append(f"{key}={value} (from {origin}): {problem(err, AdapterSettings, origin.startswith('file '))}")
     if len(keys) > limit:
         lines.append(f"and {len(keys) - limit} more")
     return SettingsError("invalid settings:\n  " + "\n  ".join(lines), tuple(keys))
@@ -335,6 +336,8 @@ def _sources(config_file: Path | None, from_file: dict[str, Any], overrides: dic
             found[field] = f"file {shown(config_file)}"
         else:
             found[field] = "default"
+    for key in overrides:  # an unknown one is named as an argument's
+        found.setdefault(str(key), "argument")
     for key in from_file:
         found.setdefault(str(key), f"file {shown(config_file)}")
     return found
