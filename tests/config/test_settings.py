@@ -82,7 +82,7 @@ def test_invalid_environment_fails_at_load_time(monkeypatch, env, message):
 
 
 def test_unknown_or_wrong_keys_in_the_file(tmp_path):
-    with pytest.raises(SettingsError, match="tp_sise=3 \\(from file .*\\): Extra inputs are not permitted"):
+    with pytest.raises(SettingsError, match="tp_sise=3 \\(from file .*\\): unknown key \\(did you mean tp_size\\?\\)"):
         load_settings(_yaml(tmp_path, {"tp_sise": 3}))
     with pytest.raises(SettingsError, match="health_port=0"):
         load_settings(_yaml(tmp_path, {"health_port": 0}))
