@@ -3,7 +3,8 @@
 FlexKV copies whatever pointers it is given, block by block, and checks nothing; a tensor that is
 not memory, or memory that another registered tensor also holds, corrupts the cache silently. So
 every path that produces tensors for FlexKV (:func:`~flexkv_adapter.pipeline.build.build_view` for the KV of
-every source, :mod:`.planes` for each plane as it is read, the hybrid policy for a whole view, and
+every source, :mod:`~flexkv_adapter.readers.planes` for each plane as it is read (handed this gate by the
+hybrid policy), the hybrid policy for a whole view, and
 :func:`~flexkv_adapter.flexkv.plan` for what it registers, the as-is path included) calls
 :func:`admit` with the groups it has. Its rules, in order (:data:`RULES`):
 
@@ -24,35 +25,20 @@ Rules needing the tensor-parallel size stay in plan() (only it knows tp).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .errors import InconsistentLayersError, NotAddressableError, UnsupportedPoolError, describe
-from .model.copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem
+from .model.copy_rules import ALIGNMENT_FIX, alignment_problem, packing_problem, storage_problem
+from .model.layer_group import Group
 from .readers.containers import same_memory
-from .readers.probe import storage_problem
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
 RULES = ("tensor", "read twice", "count", "group", "overlap")
 _EXACT_LIMIT = 1 << 18  # contiguous runs enumerated to prove two strided tensors disjoint
-
-
-class Group(NamedTuple):
-    """Tensors headed to FlexKV as one layer group (or one part of the KV). Immutable; a named tuple, not a
-    dataclass, because every adapt() builds one per plane and a frozen dataclass costs a microsecond more."""
-
-    name: str
-    tensors: tuple[torch.Tensor, ...]
-    layer_ids: tuple[int, ...] | None  # None: the count is not known yet
-    per_layer: int = 1  # tensors per layer: 2 = a K list then a V list
-    again: Callable[[], object] | None = None  # a second read of the attribute(s) the tensors came from
-    chunk_bytes: int | None = None  # bytes of one block of one tensor, once the registration is known
-    rows_per_block: int = 1
-    compress_ratio: int = 1
 
 
 def admit(where: str, groups: Sequence[Group], *, blocks: int | None = None, page: int | None = None) -> list[str]:

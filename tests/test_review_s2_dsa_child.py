@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from flexkv_adapter import adapt
-from flexkv_adapter.hybrid.detect import HybridPoolError
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from .hybrid_agreement import agreement
 from .strategies_hybrid import _mla

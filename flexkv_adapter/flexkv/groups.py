@@ -18,8 +18,9 @@ import torch
 
 from ..errors import NotAddressableError, PlanError
 from ..gate import admit
-from ..hybrid.planes import PartialPoolError, Plane, WholePool, describe
 from ..model.copy_rules import shard_problem
+from ..model.hybrid import PartialPoolError, Plane, WholePool
+from ..readers.planes import describe
 from ._import import import_flexkv
 from .checks import shared_kv_mode
 from .plan_types import FlexKVPlan, GroupPlan
@@ -58,7 +59,7 @@ def check_not_partial(view: PoolView) -> None:
     if view.whole is not None or view.side_groups:  # whole, or attention-only by explicit choice
         return
     try:
-        whole = describe(view.source, view)
+        whole = describe(view.source, view, admit)
         missing = ", ".join(p.name for p in whole.planes) if whole is not None else ""
     except PartialPoolError as exc:
         missing = str(exc)

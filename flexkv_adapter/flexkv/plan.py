@@ -30,16 +30,16 @@ from typing_extensions import Unpack
 
 from ..errors import PlanError
 from ..gate import Group, admit
-from ..hybrid.planes import carries_planes
 from ..model.axes import format_axes, parse_axes
 from ..model.layout import Geometry, Interpretation
 from ..model.views import MHAView, PoolView
 from ..pipeline.adapting import adapt_source, hybrid_markers, recognise
+from ..pipeline.build import layer_ids_of
 from ..pipeline.carve import Planes, check_consistent
-from ..pipeline.labels import layer_ids_of
 from ..pipeline.options import AdaptOptions, resolve_geometry, validate_options
-from ..pipeline.sources import Source, locate_source
 from ..readers.containers import Located
+from ..readers.planes import carries_planes
+from ..readers.sources import Source, locate_source
 from ..readers.vllm_layout import is_vllm_dict
 from ..text import short_repr
 from .checks import check_chunks, check_five_d

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from ..errors import UnsupportedPoolError
 from ..gate import admit
+from ..model.hybrid import HybridMode, HybridPoolError, PartialPoolError, SideGroup, WholePool
 from ..model.views import PoolView
+from ..readers.planes import carried_planes, describe
 from ..text import short_repr
-from .planes import PartialPoolError, WholePool, carried_planes, describe
-from .types import HybridMode, HybridPoolError, SideGroup
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def resolve_mode(mode: str | None) -> HybridMode:
 def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
     """Offload whole what FlexKV's layer groups can address; otherwise refuse (default) or go attention-only."""
     try:
-        whole = describe(pool, view)
+        whole = describe(pool, view, admit)
     except PartialPoolError as exc:
         if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
             return _kv_alone(view, f"{', '.join(carried_planes(pool))} ({exc})")

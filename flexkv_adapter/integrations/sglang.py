@@ -41,7 +41,7 @@ from typing import Any
 
 from ..config.settings import AdapterSettings, load_settings
 from ..errors import AdapterError, SettingsError
-from ..hybrid.detect import HybridPoolError
+from ..model.hybrid import HybridPoolError
 from ..model.views import PoolView
 from .external_remote import ExternalRemote, wait_for_start_remote
 from .sglang_aborts import register_abort_hook

@@ -5,12 +5,17 @@ The default kernel switches to 16-byte vector loads whenever the chunk is a mult
 without looking at the GPU base pointer: a base that is 8- but not 16-aligned then raises a sticky
 misaligned-address CUDA error that kills the worker. Shared KV (``num_kv_heads=1``) with tp > 1 in
 FlexKV's default ``sharded`` mode has each rank copy chunk/tp bytes, truncated to 8-byte words too.
+And the memory itself must be real (:func:`storage_problem`): FlexKV copies from a pointer, so a meta,
+fake, sparse, nested or freed tensor would hand it bytes that are not there.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from itertools import accumulate
+
+import torch
 
 WORD = 8
 VECTOR = 16
@@ -70,4 +75,51 @@ def packing_problem(groups: Sequence[tuple[str, int, int]], kv_dim: int) -> str 
                 f"{offset} of a {block}-byte block, so its copies fault with a misaligned address. Fix: a page size "
                 f"that makes every group's bytes per block a multiple of {VECTOR}"
             )
+    return None
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def storage_problem(t: torch.Tensor) -> str | None:
+    """Why ``t`` has no real memory FlexKV could copy (meta, fake, sparse, empty), or None if it has."""
+    plain = type(t) in _PLAIN
+    if plain and not t.is_meta and not t.is_nested and t.layout is torch.strided:
+        n = t.numel()  # the common case: a dense, contiguous tensor inside the memory behind it
+        if n and t.is_contiguous() and (t.storage_offset() + n) * t.element_size() <= t.untyped_storage().nbytes():
+            return None
+    if t.is_nested:  # strided nested tensors have no sizes: .shape raises
+        return "is a nested tensor; FlexKV copies dense tensors of one shape"
+    if t.layout is not torch.strided:
+        return f"is a {str(t.layout).removeprefix('torch.')} tensor; FlexKV copies dense (strided) memory"
+    if t.is_meta:
+        return "is on the meta device: it has a shape but no memory"
+    if t.numel() == 0:
+        return f"is empty (shape {tuple(t.shape)})"
+    try:  # subclasses (FakeTensor, functional wrappers) may warn or raise when asked for memory
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            address = t.untyped_storage().data_ptr()
+    except Exception as exc:
+        return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
+    if address == 0 and t.untyped_storage().nbytes():
+        return f"has no memory behind it (a {type(t).__name__} without storage, e.g. a FakeTensor)"
+    return _extent_problem(t)
+
+
+def _extent_problem(t: torch.Tensor) -> str | None:
+    """Why the view reaches past its storage (resized or freed after the view was made), or None."""
+    try:
+        nbytes, item, offset = t.untyped_storage().nbytes(), t.element_size(), t.storage_offset()
+        if t.is_contiguous():
+            need = (offset + t.numel()) * item  # the common case, without walking shape and strides
+        else:
+            need = (offset + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)) * item
+    except Exception as exc:
+        return f"has no accessible storage ({type(exc).__name__}: {str(exc)[:120]})"
+    if need > nbytes:
+        return (
+            f"reaches byte {need} but its storage holds {nbytes} bytes: the storage was resized or freed after "
+            f"the view was made"
+        )
     return None

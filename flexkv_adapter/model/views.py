@@ -22,7 +22,7 @@ from .report import Report
 # Never forwarded from the source pool (flexkv_consumers.md §4): FlexKV's SGLang connector turns on
 # SWA lookups for ``swa_kv_pool``/``translate_loc_from_full_to_swa`` and its DeepSeek-V4 path (which
 # ignores ``kv_buffer``) for ``c4_kv_pool`` and its companions; the rest is what adapt() recognises
-# as a hybrid wrapper (hybrid.detect, and the markers its errors name).
+# as a hybrid wrapper (readers.wrappers.detect, and the markers its errors name).
 HYBRID_ATTRIBUTES = frozenset(
     {
         "swa_kv_pool",
@@ -69,7 +69,7 @@ class PoolView:
     ) -> None:
         self.source = source
         self.side_groups = side_groups
-        self.whole = whole  # planes.WholePool: the planes beside the KV, registered as FlexKV layer groups
+        self.whole = whole  # model.hybrid.WholePool: the planes beside the KV, registered as FlexKV layer groups
         self.layer_ids = layer_ids
         self.page_size = page_size
         self.num_blocks = num_blocks

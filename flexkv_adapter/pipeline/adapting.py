@@ -1,27 +1,40 @@
-"""``adapt(pool)``: recognise, carve, check, align, and wrap a pool as a FlexKV-ready view."""
+"""``adapt(pool)``: recognise, carve, check, align, and wrap a pool as a FlexKV-ready view.
+
+A vLLM 0.33 cache dict takes its own first steps (:func:`adapt_vllm`: geometry and FlexKV form from the
+strides, :mod:`~flexkv_adapter.readers.vllm_layout`), then the common builder like every other source.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import torch
 from typing_extensions import Unpack
 
-from ..errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError, describe
-from ..hybrid import detect as hybrid
-from ..model.layout import Geometry, Interpretation
-from ..model.views import PoolView
-from ..readers.containers import Located
-from ..readers.probe import probe, probe_path
+from ..errors import (
+    AdapterError,
+    AmbiguousLayoutError,
+    InconsistentLayersError,
+    NotAddressableError,
+    UnsupportedPoolError,
+    describe,
+)
+from ..hybrid.policy import apply_policy
+from ..model.axes import parse_axes
+from ..model.hybrid import SideGroup
+from ..model.layout import Geometry, Interpretation, ViewKind
+from ..model.views import MLAView, PoolView
+from ..readers.containers import Located, probe, probe_path
 from ..readers.recognize import candidates, declared_axes, locate, mismatch, vllm_twin_of
-from .build import build_view
-from .bytebuf import apply_declared_shape
-from .carve import Planes, logical_views, rows_heads_dim, signature
-from .labels import mapped_layer_ids, named_sub_pool_ids
+from ..readers.sources import Source, locate_source
+from ..readers.vllm_layout import ONE_HEAD_FIX, read_geometry, resolve_kind, vllm_form
+from ..readers.wrappers import plane_groups, scale_groups
+from .build import build_view, mapped_layer_ids, named_sub_pool_ids
+from .carve import Planes, apply_declared_shape, logical_views, rows_heads_dim, signature
 from .options import AdaptOptions, resolve_geometry, validate_options
-from .sources import Source, locate_source
-from .vllm_view import adapt_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +55,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     read as named: a hybrid wrapper is then not unwrapped. Options are validated once, on entry.
 
     The steps, the same for every input: validate options (one integer reader); make the input one
-    :class:`~flexkv_adapter.pipeline.sources.Source` record; read metadata from the tensors' owners; locate
+    :class:`~flexkv_adapter.readers.sources.Source` record; read metadata from the tensors' owners; locate
     the tensors (each attribute read twice: copies are refused); list the readings that fit (two
     readings, nested or not, are an ambiguity); carve, check extents and FlexKV's alignment; label
     the layers; apply the hybrid policy. :func:`~flexkv_adapter.flexkv.plan` runs the same steps.
@@ -80,9 +93,9 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
     pool, given, structure = source.pool, source.options, source.structure
     if structure is not None:
         view = mapped_layer_ids(pool, structure, view, set(given))
-        groups = [*structure.side_groups, *hybrid.plane_groups(structure.primary, view.layer_ids, "")]
+        groups = [*structure.side_groups, *plane_groups(structure.primary, view.layer_ids, "")]
         _check_disjoint(pool, view, groups)
-        return hybrid.apply_policy(view, pool, structure.family, groups, source.mode)
+        return apply_policy(view, pool, structure.family, groups, source.mode)
     if given.get("attrs"):
         view = named_sub_pool_ids(pool, given["attrs"], view, set(given))
     wrappers = hybrid_markers(pool) if given.get("attrs") else []
@@ -90,20 +103,20 @@ def _label_and_policy(source: Source, view: PoolView) -> PoolView:
         note = f"explicit attrs={list(given['attrs'])} read as named; hybrid wrapper attributes not unwrapped: "
         view = view.rebuild(report=replace(view.report, notes=(*view.report.notes, note + ", ".join(wrappers))))
     groups = _named_planes(pool, given.get("attrs"), view.layer_ids)
-    return hybrid.apply_policy(view, pool, view.report.recognizer, groups, source.mode)
+    return apply_policy(view, pool, view.report.recognizer, groups, source.mode)
 
 
-def _named_planes(pool: object, attrs: Any, layer_ids: list[int]) -> list[hybrid.SideGroup]:
+def _named_planes(pool: object, attrs: Any, layer_ids: list[int]) -> list[SideGroup]:
     """Scale planes beside the KV, and those of each sub-object ``attrs=`` reach into (``inner.kv_buffer``):
     a child's scales or DSA indexer, which only that child shows, are listed, never left out unnamed."""
-    groups = hybrid.scale_groups(pool, layer_ids)
+    groups = scale_groups(pool, layer_ids)
     for owner in sorted({str(a).rpartition(".")[0] for a in attrs or ()} - {""}):
         if (sub := probe_path(pool, owner)) is not None:
-            groups += hybrid.plane_groups(sub, layer_ids, f"{owner}.")
+            groups += plane_groups(sub, layer_ids, f"{owner}.")
     return groups
 
 
-def _check_disjoint(pool: object, view: PoolView, groups: list[hybrid.SideGroup]) -> None:
+def _check_disjoint(pool: object, view: PoolView, groups: list[SideGroup]) -> None:
     """SWA and Mamba layers are never attention layers: a label naming one was guessed (no id mapping)."""
     other = {lid for g in groups if g.index_space in ("swa_token", "mamba_slot") for lid in g.layer_ids}
     if clash := sorted(other & set(view.layer_ids)):
@@ -193,3 +206,67 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
         + "\nFix: pass axes='...' (and attrs=[...]) for the right one, or the geometry that rules the "
         "others out (layer_num=, head_num=, head_dim=, page_size=, kind=)."
     )
+
+
+def adapt_vllm(
+    kv_caches: Mapping[str, torch.Tensor],
+    page_size: int | None,
+    kind: ViewKind | None,
+    layer_ids: Sequence[int] | None = None,
+) -> MLAView:
+    """:func:`~flexkv_adapter.adapt` of a vLLM 0.33 dict: MLA rows as an :class:`MLAView`, or a refusal.
+
+    MHA cells are packed ``[K | V]``: no zero-copy ``k_buffer``/``v_buffer`` exists, so MHA goes
+    through :func:`~flexkv_adapter.flexkv.plan` (one packed tensor per layer) instead.
+    """
+    g = read_geometry(kv_caches)
+    where = f"vLLM KV cache ({'/'.join(g.layouts)})"
+    if resolve_kind(kind, g.heads, None, where) == "mha":
+        raise NotAddressableError(
+            f"{where}: vLLM 0.33 MHA cells are packed [K | V] per (block, head, token); adapt() exposes separate "
+            f"k_buffer/v_buffer, which cannot alias them. Register the dict with flexkv_adapter.plan(kv_caches, "
+            f"kind='mha', page_size=<vLLM block_size>, tp_size=<TP>) (one packed tensor per layer, kv_dim=1) or "
+            f"through the flexkv_adapter vLLM plugin"
+        )
+    form = vllm_form(kv_caches, kind="mla", block_size=page_size)
+    if form.type != "LAYERFIRST":
+        raise NotAddressableError(
+            f"{where}: each block interleaves all layers, so there is no per-layer kv_buffer. Register the dict "
+            f"with flexkv_adapter.plan(kv_caches, kind='mla', page_size=...) (one BLOCKFIRST tensor), or "
+            f"{ONE_HEAD_FIX}"
+        )
+    located = _located(kv_caches)
+    interp = Interpretation("mla", parse_axes("P H T D"), per_layer=True)  # each [B, H=1, N, C] view, as written
+    given = {"kind", "page_size", *(("layer_ids",) if layer_ids is not None else ())}
+    ids = tuple(layer_ids) if layer_ids is not None else None
+    geometry = Geometry(page_size=form.tokens_per_block, kind="mla", layer_ids=ids, given=frozenset(given))
+    view = build_view(kv_caches, located, interp, logical_views(located, interp), geometry)  # the common rules
+    report = replace(
+        view.report,
+        source_kind="vLLM 0.33 kv_caches",
+        recognizer="vllm-0.33",
+        attributes=g.names,
+        reading=f"MLA per-layer [B H N C] ({'/'.join(g.layouts)})",
+        notes=(*view.report.notes, form.note),
+    )
+    return view.rebuild(report=report)  # type: ignore[return-value]
+
+
+def _located(kv_caches: Mapping[str, torch.Tensor]) -> Located:
+    """The dict read as every dict is (one container, names to layer ids, read twice), its layers kept in
+    the dict's order: vLLM's own order, which the view has always had."""
+    found, declined = locate(kv_caches)
+    if not found:
+        raise UnsupportedPoolError(f"vLLM KV caches: {'; '.join(declined)}")
+    c = found[0].containers[0]
+    if c.dict_order is None:
+        return found[0]
+    back = sorted(range(len(c.tensors)), key=lambda j: c.dict_order[j])  # type: ignore[index]
+    ordered = replace(
+        c,
+        tensors=tuple(c.tensors[j] for j in back),
+        layer_ids=None if c.layer_ids is None else tuple(c.layer_ids[j] for j in back),
+        dict_order=tuple(range(len(back))),
+        names=None if c.names is None else tuple(c.names[j] for j in back),
+    )
+    return replace(found[0], containers=(ordered,))

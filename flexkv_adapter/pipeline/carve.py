@@ -9,23 +9,72 @@ allocates KV memory. Carving runs in two stages:
 * :func:`flat_views` turns them into ``[rows, heads, dim]`` tensors FlexKV can address. FlexKV
   ignores strides (block b is read at ``data_ptr + b * block_bytes``), so each one must be
   C-contiguous; otherwise :class:`NotAddressableError` says which axis breaks it and why.
+
+A 1-D byte buffer is first viewed as the ``shape``/``dtype``/``offset`` its caller declares
+(:func:`apply_declared_shape`), zero-copy like every other view.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
+from math import prod
 
 import torch
 
-from ..errors import InconsistentLayersError, NotAddressableError, describe
+from ..errors import AdapterError, InconsistentLayersError, NotAddressableError, describe
 from ..model.axes import Axis, format_axes
 from ..model.copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, base_alignment
-from ..model.layout import Interpretation, Plane
+from ..model.layout import Geometry, Interpretation, Plane
 from ..readers.containers import Located
 from ..readers.recognize import plane_sources
+from .options import AdaptOptions
 
 Planes = dict[Plane, list[torch.Tensor]]
+
+
+def apply_declared_shape(located: Located, geometry: Geometry, options: AdaptOptions, pool: object) -> Located:
+    """View a 1-D byte buffer as its declared ``shape``/``dtype`` (zero-copy)."""
+    containers = []
+    for c in located.containers:
+        t = c.tensors[0]
+        if c.is_sequence or t.ndim != 1:
+            containers.append(c)
+            continue
+        shape, dtype = options.get("shape"), geometry.dtype
+        if shape is None or dtype is None or t.ndim != 1:
+            raise AdapterError(
+                f"{type(pool).__name__}.{c.attr} is a 1-D buffer ({describe(t)}); declare its geometry "
+                f"with shape=(...), dtype=torch.<type> and axes='...' (offset= in bytes if it does not start at 0)"
+            )
+        shaped = _shape_bytes(t, tuple(shape), dtype, options.get("offset", 0))
+        containers.append(replace(c, tensors=(shaped,)))
+        located = replace(located, family="byte-buffer")
+    return replace(located, containers=tuple(containers))
+
+
+def _shape_bytes(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, offset: int) -> torch.Tensor:
+    """``shape`` and ``offset`` were validated at the boundary (positive sizes, one -1, offset >= 0)."""
+    if not buf.is_contiguous():
+        raise AdapterError(f"a byte buffer must be contiguous, got {describe(buf)}")
+    itemsize, nbytes = dtype.itemsize, buf.numel() * buf.element_size()
+    start = buf.storage_offset() * buf.element_size() + offset  # bytes from the storage's start
+    if start % itemsize:  # what a zero-copy .view(dtype) of the bytes needs
+        raise AdapterError(
+            f"offset={offset} puts the {dtype} data at byte {start} of its storage, not a multiple of its "
+            f"itemsize {itemsize} ({describe(buf)}); use an offset that aligns it"
+        )
+    known = prod(s for s in shape if s != -1)
+    if -1 in shape:
+        shape = tuple(max(nbytes - offset, 0) // itemsize // known if s == -1 else s for s in shape)
+    need = prod(shape) * itemsize
+    if need == 0 or offset + need > nbytes:
+        raise AdapterError(
+            f"declared shape={shape} of {dtype} from offset {offset} needs {need} bytes but the buffer "
+            f"has {nbytes} ({describe(buf)})"
+        )
+    return buf.view(torch.uint8)[offset : offset + need].view(dtype).view(shape)
 
 
 def _canonical_order(axes: Sequence[Axis]) -> list[Axis]:

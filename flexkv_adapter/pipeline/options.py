@@ -12,7 +12,7 @@ from ..config.integers import LIMIT, bounded_integer
 from ..errors import AdapterError, InconsistentLayersError, NotAddressableError
 from ..model.axes import AxesLike, Axis, parse_axes
 from ..model.layout import Geometry, ViewKind
-from ..readers.probe import attr_owners, probe, probe_int
+from ..readers.containers import attr_owners, probe, probe_int
 from ..text import short_repr
 
 

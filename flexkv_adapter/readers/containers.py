@@ -1,4 +1,10 @@
-"""Containers of KV tensors found on a pool, and how plain lists, tuples and dicts are read.
+"""How a pool's attributes are read, and the containers of KV tensors found under them.
+
+Pools are arbitrary objects. A property may raise (SGLang asserts a feature is enabled), a
+``__getattr__`` may recurse, a dotted path may cross a ``None``. :func:`probe` reads them, the one place
+every stage reads a pool's attributes, and turns each such failure into an
+:class:`~flexkv_adapter.errors.AdapterError` that names the attribute, instead of a traceback from deep
+inside recognition.
 
 A :class:`Container` is the tensors under one attribute (a sequence, one per layer, or a single
 tensor); a :class:`Located` family is one or two of them (combined K/V or MLA, or separate K and
@@ -14,15 +20,58 @@ from typing import Any
 
 import torch
 
+from ..config.integers import looks_numeric, read_integer
+from ..errors import AdapterError, InconsistentLayersError
 from ..model.axes import Axis
+from ..model.copy_rules import storage_problem
 from ..model.layout import ViewKind
 from ..text import short_repr
-from .probe import storage_problem
 
 SELF = "<pool>"
 BOTH: frozenset[ViewKind] = frozenset({"mha", "mla"})
 MHA: frozenset[ViewKind] = frozenset({"mha"})
 MLA: frozenset[ViewKind] = frozenset({"mla"})
+
+
+def probe(obj: object, name: str, *, tolerate: bool = False) -> Any:
+    """``getattr(obj, name, None)``; an attribute that raises is an AdapterError (or None if ``tolerate``)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception as exc:  # RecursionError included: a recursive __getattr__
+        if tolerate:
+            return None
+        raise AdapterError(
+            f"{type(obj).__name__}.{name} raised {type(exc).__name__} when read: {str(exc)[:200]}; "
+            f"fix the pool's attribute, or name the KV tensors with attrs=[...]"
+        ) from None
+
+
+def probe_path(obj: object, path: str) -> Any:
+    """``probe`` along a dotted path (``full_kv_pool.k_buffer``); None if any step is missing."""
+    for part in path.split("."):
+        obj = probe(obj, part)
+        if obj is None:
+            return None
+    return obj
+
+
+def attr_owners(pool: object, attrs: Sequence[str] | None) -> list[tuple[str, object]]:
+    """(path, object) of each object holding a named attribute (``pool.inner`` for ``inner.k_buffer``).
+
+    Its metadata describes those tensors, as a top-level pool's describes its own; no attrs: the pool.
+    """
+    paths = sorted({a.rpartition(".")[0] for a in attrs or ()}) or [""]
+    return [(p, probe_path(pool, p) if p else pool) for p in paths]
+
+
+def probe_int(obj: object, name: str) -> int | None:
+    """An integer attribute, read by :func:`~flexkv_adapter.config.integers.read_integer` (numpy and 0-d tensor
+    integers too); None if absent or not a number at all. A number that is not an integer (a bool, a float,
+    a meta tensor) is malformed metadata: an AdapterError, never silently ignored."""
+    value = probe(obj, name)
+    if value is None or not looks_numeric(value):
+        return None
+    return read_integer(value, f"{type(obj).__name__}.{name}", InconsistentLayersError)
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from .containers import (
     locate_sequence,
     make_container,
     pairing_problem,
+    probe_path,
     read_again,
 )
-from .probe import probe_path
 from .vllm_layout import vllm_twin
 
 

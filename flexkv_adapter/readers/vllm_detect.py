@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..errors import AmbiguousLayoutError, UnsupportedPoolError
-from .probe import storage_problem
+from ..model.copy_rules import storage_problem
 
 INDEXER_SUFFIX = ".k_cache"  # DeepSeek-V3.2 indexer entries; FlexKV's vLLM adapter splits them off by name
 

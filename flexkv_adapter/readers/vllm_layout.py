@@ -35,10 +35,10 @@ from ..errors import (
     UnsupportedPoolError,
     describe,
 )
+from ..model.copy_rules import storage_problem
 from ..model.layout import ViewKind
 from ..text import short_repr
 from .containers import SELF, Container, copy_problem, layer_index_from_name, make_container, read_again
-from .probe import storage_problem
 from .vllm_detect import INDEXER_SUFFIX, is_vllm_dict, vllm_twin
 
 #: vLLM 0.33 ``KVCacheLayout`` values: the physical order of the logical axes [L, B, H, N, C].

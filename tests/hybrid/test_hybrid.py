@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flexkv_adapter.hybrid.detect import HybridPoolError
 
 from flexkv_adapter import AdapterError, InconsistentLayersError, MLAView, UnsupportedPoolError, adapt
 from flexkv_adapter.cli.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 
 def test_swa_wrapper_default_refuses_and_names_what_is_left_out():

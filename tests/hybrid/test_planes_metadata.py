@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flexkv_adapter.hybrid.detect import HybridPoolError
 
 from flexkv_adapter import InconsistentLayersError, adapt
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from ..gate.test_gate import both_refuse, fp4_like
 

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flexkv_adapter.hybrid.detect import HybridPoolError
 
 from flexkv_adapter import adapt
 from flexkv_adapter.flexkv import plan
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from ..sglang.whole_pools import roundtrip
 

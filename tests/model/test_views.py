@@ -125,12 +125,14 @@ FLEXKV_CONNECTOR_SWITCHES = ("swa_kv_pool", "translate_loc_from_full_to_swa", "c
 
 
 def _hybrid_names_in_source() -> set[str]:
-    """Every wrapper attribute hybrid.py / adapting.py name as a pool or a layer mapping."""
+    """Every wrapper attribute readers/wrappers.py / pipeline/adapting.py name as a pool or a layer mapping."""
     import ast
     import importlib
     import inspect
 
-    adapt_module, hybrid = (importlib.import_module(f"flexkv_adapter.{m}") for m in ("adapting", "hybrid"))
+    adapt_module, hybrid = (
+        importlib.import_module(f"flexkv_adapter.{m}") for m in ("pipeline.adapting", "readers.wrappers")
+    )
 
     names = set(adapt_module._HYBRID_MARKERS)
     for module in (hybrid, adapt_module):

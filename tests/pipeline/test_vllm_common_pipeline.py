@@ -101,8 +101,8 @@ def test_every_rule_of_the_common_builder_runs_for_a_vllm_dict(rule, monkeypatch
 
 
 def test_the_rule_list_names_every_check_the_builder_calls():
-    """A check added to build_view (from carve, labels or the gate) joins RULES, so the test above covers it."""
-    modules = ("flexkv_adapter.pipeline.carve", "flexkv_adapter.pipeline.labels", "flexkv_adapter.gate")
+    """A check added to build_view (from carve, the builder or the gate) joins RULES, so the test above covers it."""
+    modules = ("flexkv_adapter.pipeline.carve", "flexkv_adapter.pipeline.build", "flexkv_adapter.gate")
     called = {
         name
         for name in build.build_view.__code__.co_names

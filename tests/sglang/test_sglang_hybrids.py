@@ -13,7 +13,7 @@ import torch
 
 from flexkv_adapter import MHAView, MLAView, adapt
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.hybrid.detect import HybridPoolError
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from .pools import hybrid_linear, mamba, minimax, swa
 from .test_sglang_pools import _assert_write_through

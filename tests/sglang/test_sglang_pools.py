@@ -7,7 +7,7 @@ import torch
 
 from flexkv_adapter import InconsistentLayersError, MHAView, MLAView, NotAddressableError, UnsupportedPoolError, adapt
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.hybrid.detect import HybridPoolError
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from ..helpers import flexkv_worker_read, region_bytes
 from .pools import DSA_ARGS, KW, fill, mamba_hybrid, minimax, mp, swa

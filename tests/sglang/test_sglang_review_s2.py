@@ -13,7 +13,7 @@ import pytest
 
 from flexkv_adapter import adapt
 from flexkv_adapter.flexkv import plan
-from flexkv_adapter.hybrid.detect import HybridPoolError
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from .pools import hybrid_linear
 

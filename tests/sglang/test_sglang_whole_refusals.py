@@ -9,7 +9,7 @@ from flexkv_adapter import PlanError, adapt
 from flexkv_adapter.errors import FlexKVUnavailableError
 from flexkv_adapter.flexkv import check_for_flexkv_connector, register
 from flexkv_adapter.flexkv.plan import plan
-from flexkv_adapter.hybrid.detect import HybridPoolError
+from flexkv_adapter.model.hybrid import HybridPoolError
 
 from ..multigroup_worker import Client, Worker
 from .pools import KW, dsa, fp4, mamba_hybrid, minimax, mp, swa

@@ -4,106 +4,30 @@ A prefix hit restores the KV *and* whatever the model reads beside it at the sam
 quantisation scales of FP4/MXFP8 pools, the DSA indexer's keys, MiniMax's index KV. FlexKV can
 store several tensor groups under one set of block ids (``LayerGroupSpec``), so such a pool is
 offloaded whole (:class:`WholePool`). What shares no page ids (per-request state, another index
-space) cannot be, and :func:`describe` refuses it by name rather than leave it out silently.
-Recognised by attributes, never class names.
+space) cannot be, and :func:`describe` refuses it by name rather than leave it out silently; so is any
+tensor the pool holds that no registered group covers (:func:`check_accounted`). Recognised by
+attributes, never class names; each plane passes the gate its caller hands in as it is read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..config.integers import LIMIT, bounded_integer, looks_numeric, read_flag
 from ..errors import InconsistentLayersError
-from ..gate import Group, admit
-from ..readers.probe import probe, probe_int
-from .ids import id_map, inverse
-from .planes_state import PartialPoolError, check_accounted
+from ..model.hybrid import DERIVED, LAYER_METADATA, LeftOut, PartialPoolError, Plane, WholePool
+from ..model.layer_group import Admit, Group
+from .containers import probe, probe_int
+from .wrappers import SCALE_PLANES, id_map, inverse
 
 if TYPE_CHECKING:
     from ..model.views import PoolView
 
-# Tables SGLang derives from the planes (pointer and stride arrays for its kernels): not state.
-DERIVED = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides", "kv_data_ptrs"})
-# Layer ids (read as ids by hybrid_ids/labels; numpy or tensor ids are metadata there, not page-indexed state).
-LAYER_METADATA = frozenset(
-    {
-        "model_layer_ids",
-        "mamba_layer_ids",
-        "layers_mapping",
-        "full_attention_layer_id_mapping",
-        "index_kv_layer_id_mapping",
-        "index_k_layer_id_mapping",
-        "sparse_layer_id_mapping",
-    }
-)
 # The KV planes every view already registers, and the planes described here.
 PRIMARY = frozenset({"k_buffer", "v_buffer", "kv_buffer"})
-SCALE_PLANES = ("k_scale_buffer", "v_scale_buffer", "kv_scale_buffer")
-# What FlexKV lacks for each refused row (docs/flexkv-upstream.md).
-SWA_REASON = (
-    "sliding-window KV in swa_kv_pool, its own page ids through full_to_swa_index_mapping; FlexKV's standard "
-    "registration has no SWA channel (only DeepSeek-V4's) and snapshots one page per node, not a window"
-)
-MAMBA_REASON = "linear-attention state, one row per request slot; FlexKV has no slot-addressed state channel"
-
-
-@dataclass(frozen=True)
-class Plane:
-    """One layer group beside the KV: tensors indexed by the KV's page ids, block b at ``b * chunk`` bytes."""
-
-    name: str
-    tensors: tuple[torch.Tensor, ...]  # K list then V list when ``kv``; 2-D [rows, row elements], zero-copy
-    layer_ids: tuple[int, ...]  # the model's layer ids (one per layer; K and V share theirs)
-    num_heads: int
-    head_size: int  # per token, in elements of ``dtype``
-    dtype: torch.dtype
-    compress_ratio: int  # page tokens per stored token (DSA kpool); 1 = one entry per token
-    rows_per_block: int  # tensor rows per page: page_size for token-indexed planes, 1 for page-indexed
-    kv: bool
-
-    def chunk_bytes(self, page_size: int) -> int:
-        """Bytes of one (layer, kv, page) chunk of this plane, as FlexKV's group of it copies them."""
-        return page_size // self.compress_ratio * self.num_heads * self.head_size * self.dtype.itemsize
-
-    def group(self, page_size: int) -> Group:
-        """This plane as the gate checks a registered layer group."""
-        per_layer, chunk = 2 if self.kv else 1, self.chunk_bytes(page_size)
-        group = Group(self.name, self.tensors, self.layer_ids, per_layer, chunk_bytes=chunk)
-        return group._replace(rows_per_block=self.rows_per_block, compress_ratio=self.compress_ratio)
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """Pool memory deliberately not registered, and why that loses nothing."""
-
-    name: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class WholePool:
-    """The planes of a pool FlexKV can offload whole, beside the primary KV, and what they leave out."""
-
-    family: str
-    planes: tuple[Plane, ...]
-    left_out: tuple[LeftOut, ...] = ()
-
-    def groups(self, view: PoolView) -> list[Group]:
-        """The KV and every plane as the gate's groups, with what FlexKV will read of each (one block's bytes)."""
-        first, page = view.tensors()[0], view.page_size
-        kv_chunk = page * first[0].numel() * first.element_size()
-        kv = Group("KV", tuple(view.tensors()), tuple(view.layer_ids), 2 if view.kind == "mha" else 1)
-        kv = kv._replace(chunk_bytes=kv_chunk, rows_per_block=page)
-        return [kv, *(p.group(page) for p in self.planes)]
-
-    def describe(self) -> str:
-        planes = "; ".join(f"{p.name} ({len(p.tensors)} tensors, layers {list(p.layer_ids)})" for p in self.planes)
-        left = "".join(f"; left out: {x.name} ({x.reason})" for x in self.left_out)
-        return f"offloaded whole ({self.family}) as FlexKV layer groups: KV, {planes}{left}"
 
 
 def _tensors(value: object) -> list[torch.Tensor] | None:
@@ -129,6 +53,7 @@ def _flat(t: torch.Tensor, where: str) -> torch.Tensor:
 
 
 def _plane(
+    admit: Admit,
     owner: object,
     names: Sequence[str],
     lists: Sequence[list[torch.Tensor]],
@@ -169,16 +94,16 @@ def _kv_rows(owner: object) -> int:
     return int(buffers[0].shape[0])
 
 
-def _scale_planes(pool: object, ids: Sequence[int], page: int, prefix: str = "") -> list[Plane]:
+def _scale_planes(admit: Admit, pool: object, ids: Sequence[int], page: int, prefix: str = "") -> list[Plane]:
     """FP4/MXFP8 scales: without them the stored bytes cannot be dequantised."""
     k, v, kv = (_tensors(probe(pool, n)) for n in SCALE_PLANES)
     if not (k or v or kv):
         return []
     kv_rows = _kv_rows(pool)
     if k and v:
-        return [_plane(pool, [f"{prefix}k_scale_buffer", f"{prefix}v_scale_buffer"], [k, v], ids, kv_rows, page)]
+        return [_plane(admit, pool, [f"{prefix}k_scale_buffer", f"{prefix}v_scale_buffer"], [k, v], ids, kv_rows, page)]
     if kv:
-        return [_plane(pool, [f"{prefix}kv_scale_buffer"], [kv], ids, kv_rows, page)]
+        return [_plane(admit, pool, [f"{prefix}kv_scale_buffer"], [kv], ids, kv_rows, page)]
     raise PartialPoolError(f"{type(pool).__name__} has only one of k_scale_buffer/v_scale_buffer")
 
 
@@ -196,7 +121,7 @@ def _flag(owner: object, name: str) -> bool:
     return value is not None and read_flag(value, f"{type(owner).__name__}.{name}", InconsistentLayersError)
 
 
-def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]]:
+def _dsa_index(admit: Admit, pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]]:
     """The DSA indexer: one uint8 row per page holding page_size / index_kpool tokens."""
     buffers = _tensors(probe(pool, "index_k_with_scale_buffer"))
     if buffers is None:
@@ -259,7 +184,7 @@ def _dsa_index(pool: object, view: PoolView) -> tuple[list[Plane], list[LeftOut]
     return [plane], left
 
 
-def _minimax(pool: object, view: PoolView) -> list[Plane]:
+def _minimax(admit: Admit, pool: object, view: PoolView) -> list[Plane]:
     """MiniMax sparse attention: index_kv (K and V) shares the main pool's token locations."""
     planes: list[Plane] = []
     if (k_only := probe(pool, "index_k_pool")) is not None:
@@ -281,9 +206,93 @@ def _minimax(pool: object, view: PoolView) -> list[Plane]:
     ids = inverse(pool, "index_kv_layer_id_mapping", mapping)  # the one reading of a wrapper's id mapping
     kv_rows = _kv_rows(probe(pool, "main_pool"))
     names = ["index_kv_pool.k_buffer", "index_kv_pool.v_buffer"]
-    planes.append(_plane(sub, names, [k, v], ids, kv_rows, view.page_size))
-    planes += _scale_planes(sub, ids, view.page_size, "index_kv_pool.")
+    planes.append(_plane(admit, sub, names, [k, v], ids, kv_rows, view.page_size))
+    planes += _scale_planes(admit, sub, ids, view.page_size, "index_kv_pool.")
     return planes
+
+
+# Everything a pool owner holds in tensors, wherever Python keeps it (instance attributes, ``__slots__``,
+# dict attributes such as an ``nn.Module``'s ``_buffers``): a pool offloaded whole leaves nothing out unnamed.
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes a tensor reaches: a tensor starting where the KV does may hold more than it."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0) if t.numel() else -1
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _inside(span: tuple[int, int], covered: list[tuple[int, int]]) -> bool:
+    return any(a <= span[0] and span[1] <= b for a, b in covered)
+
+
+def _slots(owner: object) -> Iterator[str]:
+    for cls in type(owner).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        yield from ([slots] if isinstance(slots, str) else slots)
+
+
+def _values(owner: object) -> Iterator[tuple[str, object]]:
+    """(name, value) of every attribute an owner keeps: its ``__dict__`` and its ``__slots__``."""
+    found = probe(owner, "__dict__", tolerate=True)
+    if isinstance(found, dict):
+        yield from list(found.items())
+    for name in _slots(owner):
+        if name not in ("__dict__", "__weakref__"):
+            yield name, probe(owner, name, tolerate=True)
+
+
+def _tensors_in(name: str, value: object) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors a value holds: itself, a list/tuple of them, or the values of a dict (one level)."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        yield from ((name, t) for t in value if isinstance(t, torch.Tensor))
+    elif isinstance(value, Mapping):
+        try:
+            items = list(value.items())
+        except Exception:  # a mapping that cannot be listed holds nothing we could account for
+            return
+        for key, item in items:
+            key_name = key if isinstance(key, str) else repr(key)[:40]
+            for _, t in _tensors_in(key_name, item):
+                yield (f"{name}[{key_name!r}]", t)
+
+
+def check_accounted(owners: Sequence[object], registered: Sequence[torch.Tensor], known: frozenset[str]) -> None:
+    """Refuse a tensor an owner holds whose bytes ``registered`` does not cover: it would be lost on a prefix hit.
+    Attributes named in ``known`` (the KV planes, derived pointer tables, layer ids) are not state."""
+    covered = _merged([_span(t) for t in registered])
+    unknown = []
+    for owner in owners:
+        if owner is None:
+            continue
+        for attr, value in _values(owner):
+            if attr in known:
+                continue
+            lost = [n for n, t in _tensors_in(attr, value) if _real(t) and not _inside(_span(t), covered)]
+            lost = [n for n in lost if n.partition("[")[2].strip("'\"]") not in known]
+            if lost:
+                unknown.append(f"{type(owner).__name__}.{lost[0]}")
+    if unknown:
+        raise PartialPoolError(
+            f"{unknown} hold state this adapter does not know how to offload with the KV's pages; offloading "
+            f"the rest would restore prefixes without it. Report the pool layout, or serve without FlexKV"
+        )
+
+
+def _real(t: torch.Tensor) -> bool:
+    try:
+        return bool(t.numel()) and not t.is_meta
+    except Exception:
+        return False
 
 
 def carried_planes(pool: object) -> list[str]:
@@ -296,18 +305,21 @@ def carries_planes(pool: object) -> bool:
     return bool(carried_planes(pool))
 
 
-def describe(pool: object, view: PoolView) -> WholePool | None:
-    """The planes beside ``view``'s KV that share its page ids, or None when there are none."""
+def describe(pool: object, view: PoolView, admit: Admit) -> WholePool | None:
+    """The planes beside ``view``'s KV that share its page ids, or None when there are none.
+
+    Each plane passes ``admit`` (the gate, :func:`~flexkv_adapter.gate.admit`, handed down by its caller) as it
+    is read, before its shape is checked."""
     if not carries_planes(pool):
         return None
     page = view.page_size
     if probe(pool, "main_pool") is not None:
         main = probe(pool, "main_pool")
-        planes = _minimax(pool, view) + _scale_planes(main, view.layer_ids, page, "main_pool.")
+        planes = _minimax(admit, pool, view) + _scale_planes(admit, main, view.layer_ids, page, "main_pool.")
         owners, family, left = [pool, main, probe(pool, "index_kv_pool")], "minimax-sparse", list[LeftOut]()
     else:
-        dsa, left = _dsa_index(pool, view)
-        planes = dsa + _scale_planes(pool, view.layer_ids, page)
+        dsa, left = _dsa_index(admit, pool, view)
+        planes = dsa + _scale_planes(admit, pool, view.layer_ids, page)
         owners, family = [pool], "dsa" if dsa else "quantised"
     if not planes:
         return None

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 from ..errors import AdapterError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError
-from ..hybrid import detect as hybrid
-from ..readers.containers import addresses
-from ..readers.plugins import plugin_spec
-from ..readers.probe import probe, probe_int
-from ..readers.spec import load_spec, merge_spec_options
-from ..readers.vllm_detect import is_vllm_dict
+from ..model.hybrid import HybridStructure
+from .containers import addresses, probe, probe_int
+from .plugins import plugin_spec
+from .spec import load_spec, merge_spec_options
+from .vllm_detect import is_vllm_dict
+from .wrappers import check_kind, detect
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class Source:
     page_size: int | None
     label: str | None = None  # "spec:<name>" or "plugin:<name>"
     mode: str | None = None  # the hybrid policy
-    structure: hybrid.HybridStructure | None = None  # a hybrid wrapper, unwrapped to its attention sub-pool
-    vllm: bool = False  # a vLLM 0.33 cache dict: its geometry comes from strides (vllm_view)
+    structure: HybridStructure | None = None  # a hybrid wrapper, unwrapped to its attention sub-pool
+    vllm: bool = False  # a vLLM 0.33 cache dict: its geometry comes from strides (pipeline.adapting.adapt_vllm)
 
 
 def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) -> Source:
@@ -59,11 +59,11 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
                 f"them (only page_size=, kind= and layer_ids= apply), or pass axes= to read the tensors another way"
             )
         return Source(pool, pool, given, page_size, label, mode, vllm=True)
-    structure = None if given.get("attrs") else hybrid.detect(pool)
+    structure = None if given.get("attrs") else detect(pool)
     if structure is not None:
         _check_same_sub_pool(pool, structure)
         check_wrapper_page_size(pool, structure)
-        hybrid.check_kind(pool, structure, given.get("kind"))
+        check_kind(pool, structure, given.get("kind"))
         return Source(pool, structure.primary, given, page_size, label, mode, structure)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:
         found = plugin_spec(pool)
@@ -73,7 +73,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
     return Source(pool, pool, given, page_size, label, mode)
 
 
-def _check_same_sub_pool(pool: object, structure: hybrid.HybridStructure) -> None:
+def _check_same_sub_pool(pool: object, structure: HybridStructure) -> None:
     """Identity for a wrapper's attention sub-pool: a second read must hold the same KV memory."""
     again = probe(pool, structure.primary_attr)
     if again is structure.primary:
@@ -87,7 +87,7 @@ def _check_same_sub_pool(pool: object, structure: hybrid.HybridStructure) -> Non
             )
 
 
-def check_wrapper_page_size(pool: object, structure: hybrid.HybridStructure) -> None:
+def check_wrapper_page_size(pool: object, structure: HybridStructure) -> None:
     """A wrapper's ``page_size`` describes its sub-pools' pages (SGLang sets both from one value): one that
     contradicts the attention sub-pool's is malformed metadata, not a choice to make silently."""
     outer, inner = probe_int(pool, "page_size"), probe_int(structure.primary, "page_size")
