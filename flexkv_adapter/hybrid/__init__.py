@@ -1,1 +1,1 @@
-"""Hybrid pools: full/SWA/mamba sub-pools, their layer-id maps, and the planes stored beside the KV."""
+"""The hybrid policy: what happens to state beside the KV (offloaded whole, refused by name, or attention-only)."""

@@ -1,1 +1,1 @@
-"""The vocabulary every stage shares: axes, geometries, views, reports and FlexKV's copy rules."""
+"""The vocabulary every stage shares: axes, geometries, views, reports, layer groups, hybrid records, copy rules."""

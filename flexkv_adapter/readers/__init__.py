@@ -1,1 +1,1 @@
-"""Reading a pool: finding its tensors (containers, attributes, vLLM dicts, specs, plugins) and naming their axes."""
+"""Every read of a pool: sources, guarded attributes and containers, readings, hybrid wrappers, planes, specs, vLLM."""
