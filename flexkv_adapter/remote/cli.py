@@ -18,6 +18,7 @@ from .dryrun import plan
 from .exit_codes import ExitCode, RemoteExit
 from .health import HealthServer
 from .lock import InstanceLock, prepare_lock_dir
+from .lookup_budget import LookupBudget
 from .output import LastLines, flush_all, guard_streams
 from .preflight import (
     StopRequested,
@@ -66,8 +67,9 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     health: HealthServer | None = None
     ready_file = ReadyFile(s.ready_file) if s.ready_file else None
     code = ExitCode.FORCED
+    lookups = LookupBudget(s.connect_timeout_s)  # start-up's name lookups share one connect_timeout_s
     try:
-        _unless_stopped(lambda: validate(s), signals)  # resolves master_host
+        lookups.spend(lambda _: _unless_stopped(lambda: validate(s), signals))  # resolves master_host (first)
         if dry_run:
             code = _unless_stopped(lambda: run_dry(s), signals)
             return code
@@ -77,17 +79,19 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         visibility = apply_gpu_visibility(s.keep_cuda_visible_devices)
         tm_class = _unless_stopped(lambda: load_transfer_manager(s.transfer_manager), signals)
         assert s.master_host is not None
-        host, ports, lookup_s = s.master_host, s.master_ports, s.connect_timeout_s
-        lock = _unless_stopped(lambda: InstanceLock(lock_dir, host, ports, lookup_s), signals)  # looks host up
+        host, ports = s.master_host, s.master_ports
+        lock = lookups.spend(lambda left: _unless_stopped(lambda: InstanceLock(lock_dir, host, ports, left), signals))
         lock.acquire()
-        _unless_stopped(lambda: _refuse_spawns(s), signals)
+        lookups.spend(lambda left: _unless_stopped(lambda: _refuse_spawns(s, left), signals))
         if ready_file is not None:
             ready_file.claim()  # under the lock: another live remote's file is refused, a dead one's removed
         tracker = StateTracker({"master": f"{s.master_host}:{s.master_ports[0]}", "node_rank": s.node_rank}, ready_file)
         signals.describe = tracker.snapshot
         if s.health_port:
             health_port = s.health_port
-            health = _unless_stopped(lambda: HealthServer(tracker, s.health_host, health_port, lookup_s), signals)
+            health = lookups.spend(
+                lambda left: _unless_stopped(lambda: HealthServer(tracker, s.health_host, health_port, left), signals)
+            )
             health.start()
         logger.debug("plan: %s", plan(s, visibility, lock))
         wait_for_master(s, signals.wait)
@@ -116,9 +120,10 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     return code
 
 
-def _refuse_spawns(s: AdapterSettings) -> None:
+def _refuse_spawns(s: AdapterSettings, lookup_s: float | None = None) -> None:
     assert s.master_host is not None
-    refused, others = classify_spawns(s.master_host, s.master_ports, s.connect_timeout_s)
+    budget = s.connect_timeout_s if lookup_s is None else lookup_s  # start-up's share of connect_timeout_s
+    refused, others = classify_spawns(s.master_host, s.master_ports, budget)
     for spawn in others:
         logger.warning("FlexKV's engine spawned a remote for another master on this node: %s", spawn.describe())
     if refused:
