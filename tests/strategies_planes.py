@@ -1,4 +1,4 @@
-"""Hypothesis strategies for pools with planes beside their KV, built the way a hostile review builds them.
+"""Hypothesis strategies for pools with planes beside their KV, varied where the gate has rules.
 
 Each draw is a quantised (scale planes), DSA-like (indexer) or MiniMax-like (index KV) pool whose planes vary
 where the gate has rules: how many tensors a plane has for the KV's layers, which device and storage they

@@ -1,4 +1,4 @@
-"""Whole pools over many geometries (review of issue 18): every registration round-trips exactly or is refused.
+"""Whole pools over many geometries: every registration round-trips exactly or is refused.
 
 The stand-in worker (tests/multigroup_worker.py) packs each CPU block group after group, as FlexKV's
 ``_init_multi_group`` does, and faults like ``transfer.cu`` on a misaligned 16-byte access: a group

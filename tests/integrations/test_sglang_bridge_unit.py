@@ -133,7 +133,7 @@ def test_namespaced(obj, expected):
         ({"attn_cp_size": 2}, "pp_size=1, attn_cp_size=2"),
         ({"enable_dp_attention": True, "dp_size": 2}, "dp_rank=None"),
         # DP replicas: the factory passes dp_rank=None to each, so both would be FlexKV's DP client 0
-        # (FlexKV: dp_client_id = instance_id * dp_size + dp_rank), review-15
+        # (FlexKV: dp_client_id = instance_id * dp_size + dp_rank)
         ({"enable_dp_attention": False, "dp_size": 2, "tp_size": 2}, "dp_rank=None"),
         ({"attn_dp_size": 2, "tp_size": 2}, "attn_dp_size=2"),  # SGLang 0.5.23's spelling of DP attention
         ({"enable_kv_cache_sharding": True}, "enable_kv_cache_sharding"),

@@ -123,7 +123,7 @@ def test_adapt_refuses_options_a_vllm_dict_would_not_apply(option):
         adapt(views("LHBNC", 3, 4, 1, 2, 8), page_size=4, kind="mla", **option)
 
 
-# --- hostile inputs (review): each once crashed raw or dropped data silently ---------------------
+# --- hostile inputs: each once crashed raw or dropped data silently ---------------------
 
 
 def test_keys_that_are_not_layer_names_are_refused_not_merged_or_crashed():

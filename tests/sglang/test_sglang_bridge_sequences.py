@@ -1,5 +1,5 @@
 """Hypothesis sequences of store / poll / evict / match+load / retry through SGLang 0.5.23's real
-FlexKVRadixCache, the bridge and the FlexKV 34ab141 stand-in (review-15).
+FlexKVRadixCache, the bridge and the FlexKV 34ab141 stand-in.
 
 Invariants: every restore is byte-exact for the prompt it names (read through the pool's getters);
 after the last polls no store is in flight on either side, no lookup is held, no node stays locked

@@ -1,4 +1,4 @@
-"""Plugin gaps of the third review: NSA/DSA head size by FlexKV's formula, and a stray ``flexkv`` folder.
+"""The SGLang plugin: NSA/DSA head size by FlexKV's formula, and a stray ``flexkv`` folder.
 
 SGLang 0.5.23's DSATokenToKVPool and ModelConfig are real; FlexKV is the stand-in of the conftest.
 FlexKV sizes an NSA model's rows as ``kv_lora_rank + qk_rope_head_dim`` (bf16) or, for an fp8 KV

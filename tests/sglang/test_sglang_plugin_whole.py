@@ -1,4 +1,4 @@
-"""The SGLang plugin never hands FlexKV's connector a view of a pool offloaded whole (review of issue 18).
+"""The SGLang plugin never hands FlexKV's connector a view of a pool offloaded whole.
 
 FlexKV's connectors register ``kv_buffer`` or ``k_buffer``/``v_buffer`` only: a pre-adapted whole view
 (``adapt(pool)`` of an FP4/MXFP8/DSA/MiniMax pool) passed as ``kvcache`` would register the KV without

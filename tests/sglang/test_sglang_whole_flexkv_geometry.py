@@ -1,6 +1,6 @@
 """Whole-pool geometries through FlexKV's real multi-group worker and CPU sizing (skipped without FlexKV).
 
-Review of issue 18: FlexKV's own ``KVCacheLayout`` sizes the CPU block, its ``_init_multi_group``
+FlexKV's own ``KVCacheLayout`` sizes the CPU block, its ``_init_multi_group``
 places each group in it, and the kernel stand-in faults on a misaligned 16-byte access.
 """
 

@@ -1,4 +1,4 @@
-"""Session-2 review: ``attrs=`` naming a sub-object's KV never leaves that sub-object's planes out unnamed.
+"""``attrs=`` naming a sub-object's KV never leaves that sub-object's planes out unnamed.
 
 ``attrs=["full_kv_pool.kv_buffer"]`` (or ``["inner.k_buffer", "inner.v_buffer"]``) read the named KV and
 looked for scale planes and a DSA indexer only on the outer object: a child's FP4/MXFP8 scales or DSA
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 
 from flexkv_adapter import adapt
 
-from .hybrid_agreement import agreement
-from .strategies_hybrid import _mla
-from .strategies_review_s2 import attrs_into_a_child_with_planes
+from ..hybrid_agreement import agreement
+from ..strategies_hybrid import _mla
+from ..strategies_review_s2 import attrs_into_a_child_with_planes
 
 SOME = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""Hostile review (rev2): a vLLM dict read twice must show one memory on both the adapt() and the plan() path.
+"""A vLLM dict read twice must show one memory on both the adapt() and the plan() path.
 
 ``plan()`` of a vLLM dict built FlexKV's tensors from ``kv_caches[name]``, after the geometry was read from
 ``items()``: a ``dict`` subclass whose ``[]`` hands out copies was registered as copies (FlexKV would store
@@ -18,7 +18,7 @@ from flexkv_adapter.errors import NotAddressableError
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.readers.vllm_layout import LAYOUTS
 
-from .strategies_vllm import layer_views
+from ..strategies_vllm import layer_views
 
 
 class CopiesOnGet(dict):  # type: ignore[type-arg]

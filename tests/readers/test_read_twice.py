@@ -1,4 +1,4 @@
-"""Fourth review of adapt()/plan() (review-17): identity by reading twice, when the second read changes memory.
+"""adapt()/plan(): identity by reading twice, when the second read changes memory.
 
 A getter that shrinks (or frees) the storage while it is read a second time left the first read's views
 reaching past their storage; adapt() then said "internal error ... please report". Read twice, the first
@@ -15,7 +15,7 @@ import torch
 from flexkv_adapter import NotAddressableError, adapt
 from flexkv_adapter.flexkv import plan
 
-from .helpers import distinct
+from ..helpers import distinct
 
 
 class Shrinking:

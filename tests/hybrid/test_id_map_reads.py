@@ -1,4 +1,4 @@
-"""Session-2 review: a wrapper's id mapping must read the same through items(), iteration and [], and on
+"""A wrapper's id mapping must read the same through items(), iteration and [], and on
 every read of the attribute.
 
 SGLang looks a layer up with ``mapping[layer_id]``; the adapter read ``mapping.items()``. A dict subclass
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 
 from flexkv_adapter import InconsistentLayersError
 
-from .hybrid_agreement import agreement
-from .strategies_review_s2 import mappings_read_two_ways
+from ..hybrid_agreement import agreement
+from ..strategies_review_s2 import mappings_read_two_ways
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,5 +1,6 @@
-"""Regression tests from the third outside review of adapt()/plan(): inputs that once gave a silently
-wrong view or registration. Each now gives the right elements or the documented AdapterError."""
+"""No silent misreads by adapt()/plan(): ambiguous K/V pairs, HMA views over shared bytes, copying getters,
+nested or unlabelled vLLM dicts, owner metadata in any integer type. Each input that could give a silently
+wrong view or registration gives the right elements or the documented AdapterError."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from flexkv_adapter import (
 )
 from flexkv_adapter.flexkv import plan
 
-from .helpers import SGLangLikeMHAPool, distinct
-from .readers.test_vllm_layout import views
+from ..helpers import SGLangLikeMHAPool, distinct
+from .test_vllm_layout import views
 
 
 def test_a_single_head_k_v_pair_is_ambiguous_and_kind_settles_it():

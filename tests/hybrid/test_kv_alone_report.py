@@ -1,4 +1,4 @@
-"""Session-2 review: adapt(dsa_pool, hybrid="error") says, in its report, that the indexer is not included.
+"""adapt(dsa_pool, hybrid="error") says, in its report, that the indexer is not included.
 
 That view is the KV alone for FlexKV's SGLang connector, which reads the indexer from the pool itself;
 plan() and register() refuse it. Its report used to read like any complete view. Now it names what is
@@ -16,7 +16,7 @@ from flexkv_adapter import adapt
 from flexkv_adapter.errors import PlanError
 from flexkv_adapter.flexkv import plan
 
-from .strategies_hybrid import PS, ROWS, _mla
+from ..strategies_hybrid import PS, ROWS, _mla
 
 
 def _dsa(n: int, compressed: bool) -> object:

@@ -1,4 +1,4 @@
-"""Session-2 review: a wrapper's id mapping that is present but no mapping is refused, not skipped.
+"""A wrapper's id mapping that is present but no mapping is refused, not skipped.
 
 ``full_attention_layer_id_mapping`` (or MiniMax's ``index_kv_layer_id_mapping``) given as a list of
 pairs, a list of ids, a set or a string was ignored: the attention layers were labelled 0..n-1, over
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 
 from flexkv_adapter import InconsistentLayersError, adapt
 
-from .hybrid_agreement import agreement
-from .strategies_hybrid import _mha
-from .strategies_review_s2 import _mamba, unreadable_id_maps
+from ..hybrid_agreement import agreement
+from ..strategies_hybrid import _mha
+from ..strategies_review_s2 import _mamba, unreadable_id_maps
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

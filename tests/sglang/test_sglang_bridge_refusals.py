@@ -1,4 +1,5 @@
-"""Hostile review of the SGLang bridge (review-15): gaps found, each with its regression test.
+"""The SGLang bridge refuses what it cannot serve: DSA under a hybrid, a namespace hook that did not
+apply, DP and KV sharding.
 
 Real SGLang 0.5.23 pools and radix cache; FlexKV's own connector is the 34ab141 stand-in of the conftest.
 """

@@ -1,5 +1,6 @@
-"""Regression tests from the third outside review: inputs that raised raw exceptions, misdiagnosed
-the problem, or built unbounded messages. Each is now an AdapterError subclass with the true reason."""
+"""Refusals name the true reason: inputs that raised raw exceptions, misdiagnosed the problem, or built
+unbounded messages (unreadable integers, resized storage, raising model configs, non-views for plan_vllm)
+are each an AdapterError subclass with the true reason and a bounded message."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.model import model_facts
 from flexkv_adapter.flexkv.vllm_plan import plan_vllm
 
-from .helpers import SGLangLikeMHAPool, distinct
-from .readers.test_vllm_layout import views
+from ..helpers import SGLangLikeMHAPool, distinct
+from ..readers.test_vllm_layout import views
 
 
 class RaisingIndex:

@@ -1,4 +1,4 @@
-"""Fourth review (review-17): a hybrid wrapper's page_size against its attention sub-pool's, on every way in.
+"""A hybrid wrapper's page_size against its attention sub-pool's, on every way in.
 
 The wrapper's own page_size was never read: a wrapper saying 16 over a sub-pool saying 32 adapted with 32
 (or the reverse with 16), unwrapped or through attrs= into the sub-pool. Contradicting metadata is an error.

@@ -1,4 +1,4 @@
-"""Hostile review (rev2) of the abort hook: it must never silently do nothing while the bridge serves.
+"""The abort hook must never silently do nothing while the bridge serves.
 
 The hook fell back to SGLang's own release (the lock dropped at once) whenever ``_inflight_store_nodes`` was
 not exactly a ``dict`` or ``_node_lock`` was missing, and the bridge's "hook applied" check still passed:

@@ -1,5 +1,6 @@
-"""Regression tests from the second hostile review of adapt(): each input once gave a wrong view,
-a report that lied, or a raw exception."""
+"""adapt() on hostile pairings and labels: separate K and V dicts paired by layer or refused, layer ids and
+mappings that cannot label the layers, metadata out of range, dtype options, nested tensors. Each input
+once gave a wrong view, a report that lied, or a raw exception."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from flexkv_adapter import AdapterError, adapt
 
-from .helpers import assert_aliases, distinct
+from ..helpers import assert_aliases, distinct
 
 N, H, D, PS = 32, 2, 4, 16
 

@@ -1,4 +1,4 @@
-"""Fourth review of adapt()/plan() (review-17): views over shared bytes with a partial overlap, on the general path.
+"""adapt()/plan(): views over shared bytes with a partial overlap, on the general path.
 
 vLLM dicts refuse distinct views of the same bytes (HMA); per-layer lists and dicts only logged an overlap.
 A layer starting a page into another layer (or V a page into K) makes a FlexKV restore of one block
@@ -16,7 +16,7 @@ import torch
 from flexkv_adapter import InconsistentLayersError, adapt
 from flexkv_adapter.flexkv import plan
 
-from .helpers import distinct
+from ..helpers import distinct
 
 ROWS, HEADS, DIM, PAGE = 32, 2, 4, 16
 

@@ -1,4 +1,4 @@
-"""Session-2 review: a hybrid wrapper over a DSA child never leaves the child's indexer out unnamed.
+"""A hybrid wrapper over a DSA child never leaves the child's indexer out unnamed.
 
 A SWA or linear-attention wrapper whose attention sub-pool is DSA: the child's indexer
 (``index_k_with_scale_buffer``) is read by the attention layers FlexKV receives, yet the wrapper does not
@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from flexkv_adapter import adapt
 from flexkv_adapter.model.hybrid import HybridPoolError
 
-from .hybrid_agreement import agreement
-from .strategies_hybrid import _mla
-from .strategies_review_s2 import _mamba, wrappers_with_a_dsa_child
+from ..hybrid_agreement import agreement
+from ..strategies_hybrid import _mla
+from ..strategies_review_s2 import _mamba, wrappers_with_a_dsa_child
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""Fourth review of adapt()/plan() (review-17): numbers and dict keys that once slipped past the one rule.
+"""adapt()/plan(): numbers and dict keys go through the one integer rule and bounded messages.
 
 An ``__index__`` returning ``True`` read as 1 (operator.index converts it); ``model_config.kv_dim`` was
 checked with ``in (1, 2)``, which takes ``True`` and ``2.0``; dict keys whose ``__str__``/``__repr__`` raise
@@ -19,8 +19,8 @@ from flexkv_adapter.errors import PlanError
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.flexkv.model import model_facts
 
-from .helpers import SGLangLikeMHAPool, distinct
-from .readers.test_vllm_layout import views
+from ..helpers import SGLangLikeMHAPool, distinct
+from ..readers.test_vllm_layout import views
 
 
 class TrueIndex:

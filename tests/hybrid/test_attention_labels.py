@@ -1,4 +1,4 @@
-"""Session-2 review: attention layer labels never name a Mamba or SWA layer.
+"""Attention layer labels never name a Mamba or SWA layer.
 
 A linear-attention wrapper with no ``full_attention_layer_id_mapping`` and a child without
 ``model_layer_ids`` has no record of where its attention layers sit: they were labelled 0..n-1, over
@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 
 from flexkv_adapter import InconsistentLayersError
 
-from .hybrid_agreement import agreement
-from .strategies_review_s2 import linear_wrappers_without_attention_ids
+from ..hybrid_agreement import agreement
+from ..strategies_review_s2 import linear_wrappers_without_attention_ids
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

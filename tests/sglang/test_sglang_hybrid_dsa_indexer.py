@@ -1,7 +1,7 @@
 """SGLang 0.5.23's HybridLinearKVPool over a DSA child (use_dsa=True): its indexer is named, never dropped.
 
-The wrapper exposes only get_index_k_with_scale_buffer(); the buffers live in full_kv_pool. Before the
-session-2 review, hybrid="attention_only" listed the Mamba state alone and handed out the KV without
+The wrapper exposes only get_index_k_with_scale_buffer(); the buffers live in full_kv_pool. Once,
+hybrid="attention_only" listed the Mamba state alone and handed out the KV without
 saying that the DSA indexer the attention layers read was not offloaded either.
 """
 

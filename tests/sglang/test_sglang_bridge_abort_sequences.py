@@ -1,4 +1,4 @@
-"""Hostile review (rev2): abort sequences that held (kept as regression tests): a second abort of the same
+"""Abort sequences through the bridge's abort hook: a second abort of the same
 request, an abort of a request that stored nothing, and an abort whose store FlexKV reports as failed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Session-2 review: an ipc ``server_recv_port`` must name a socket, refused up front on every way in.
+"""An ipc ``server_recv_port`` must name a socket, refused up front on every way in.
 
 ``ipc:///``, ``ipc:///tmp/``, ``ipc:///tmp/..`` name a directory and ``ipc://@`` an empty abstract name:
 ZMQ refuses them only when FlexKV's server binds (EADDRINUSE / EINVAL), after the remote started, while
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
 
-from .strategies_remote import absolute_ipc_endpoints, ipc_endpoints_naming_no_socket
+from ..strategies_remote import absolute_ipc_endpoints, ipc_endpoints_naming_no_socket
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Session-2 review of the engine's bounded name lookups (flexkv_adapter/config/lookup.py).
+"""The engine's bounded name lookups (flexkv_adapter/config/lookup.py).
 
 A resolver that never answers costs one thread per distinct name. Names the engine looks up come
 partly from start_remote's answers (the master it reports), so their number is not the engine's to
