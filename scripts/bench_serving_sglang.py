@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""SGLang part of bench_serving.py: the bridge and FlexKVRadixCache's hooks, per step (run in .venv-sglang).
+
+FlexKV's real connector Python (../shared/flexkv-34ab141, found by tests/flexkv_source.py) with its
+GPU and compiled parts replaced as the SGLang tier replaces them (tests/sglang/real_flexkv.py), under
+SGLang 0.5.23's real FlexKVRadixCache, pools and allocator (tests/sglang/radix_harness.py).
+
+- ``bridge``: a step of ``n`` requests, each a lookup, a retrieve on a hit and a store, then one poll
+  of completed stores: through the plugin's ``BridgeConnector`` (``handle=``) against FlexKV's
+  connector called directly with ``rid=``, in turn on the same connector.
+- ``radix``: the same step through FlexKVRadixCache (match_prefix + init_load_back, checkpoint,
+  check_hicache_events, evict) with the plugin's hooks against without them (the hooked methods
+  unwrapped on the instance; the bridge stays, as FlexKV cannot be served without it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE, PROMPT, HOT = 16, 48, 32
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 8, "num_hidden_layers": 3, "intermediate_size": 128, "vocab_size": 128,
+    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def rigs(tmp: Path, slots: int, count: int) -> list[Any]:
+    """``count`` FlexKVRadixCaches (one rank each) with the plugin loaded, each over its own FlexKV connector.
+
+    Two modes never share a connector: a poll by one would take the other's completed stores. The
+    stand-in copies into the last registered pool (all have one shape): bytes are not what is measured.
+    """
+    import pytest
+    from sglang.srt import plugins
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.runtime_context import get_parallel
+
+    sys.path.insert(0, str(ROOT))
+    from tests.sglang.radix_harness import Rig, make_pool
+    from tests.sglang.real_flexkv import SKIP_REASON, SOURCE, prepare, replace_gpu_parts
+
+    if not SOURCE:
+        sys.exit(f"bench_serving: {SKIP_REASON}")
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    logging.getLogger("flexkv_adapter").setLevel(logging.ERROR)
+    get_parallel().override_permanently(attn_dcp_size=1, world_group=types.SimpleNamespace(cpu_group=None))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SGLANG_PLUGINS", "flexkv_adapter")
+    prepare(mp, SOURCE)
+    plugins.load_plugins()
+    replace_gpu_parts(mp)
+    (tmp / "config.json").write_text(json.dumps(LLAMA))
+    model = ModelConfig(model_path=str(tmp))
+    return [Rig(mp, model, "mha", pool=make_pool("mha", size=slots)) for _ in range(count)]
+
+
+def _trim_calls() -> None:
+    """The stand-ins' call record, less all but the registration (it reads the last one on every copy)."""
+    from tests.sglang import flexkv_standin as fk
+
+    fk.CALLS[:] = [c for c in fk.CALLS if c[0] == "register_to_server"][-1:]
+
+
+class Workload:
+    """Requests that alternate between recurring prompts (hits once stored, with a last page of their own)
+    and misses; each mode's token ids are its own, so that neither warms the other's hits."""
+
+    def __init__(self, tag: str, base: int) -> None:
+        self.tag, self.base, self.i = tag, base, 0
+
+    def next(self) -> tuple[str, list[int]]:
+        self.i += 1
+        unique = [self.base + 10**6 + self.i * PROMPT + k for k in range(PROMPT)]
+        ids = [self.base + (self.i // 2) % HOT] * (2 * PAGE) + unique[2 * PAGE :] if self.i % 2 else unique
+        return f"{self.tag}{self.i}", ids
+
+
+def bridge_step(r: Any, work: Workload, n: int, direct: bool) -> float:
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+    from flexkv_adapter.integrations.sglang_bridge import handle_key
+
+    bridge = r.cache.flexkv_connector
+    conn = bridge.connector
+    slots = torch.arange(PROMPT, dtype=torch.int64)
+    t = 0.0
+    for _ in range(n):
+        rid, ids = work.next()
+        handle = CacheRequestHandle(rid, 0)
+        key = handle_key(handle)
+        mask = torch.ones(len(ids), dtype=torch.bool)
+        t0 = time.perf_counter()
+        if direct:
+            hit = conn.lookup_kv(token_ids=ids, token_mask=mask, rid=key)[1]
+            if hit > 0:
+                conn.retrieve_kv(key, slots[:hit])
+            conn.store_kv(rid=key, token_ids=ids, kv_indices=slots)
+        else:
+            hit = bridge.lookup_kv(ids, mask, handle)[1]
+            if hit > 0:
+                bridge.retrieve_kv(handle, slots[:hit])
+            bridge.store_kv(handle, ids, slots)
+        t += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    (conn if direct else bridge).check_completed_stores()
+    t += time.perf_counter() - t0
+    _trim_calls()
+    return t
+
+
+HOOKED = ("match_prefix", "checkpoint", "release_aborted_request", "init_load_back", "reset")
+
+
+def hooks(r: Any, on: bool) -> None:
+    """The plugin's FlexKVRadixCache hooks on (class methods) or off (the unwrapped originals on the instance)."""
+    for name in HOOKED:
+        if on:
+            r.cache.__dict__.pop(name, None)
+        else:
+            setattr(r.cache, name, types.MethodType(inspect.unwrap(getattr(type(r.cache), name)), r.cache))
+
+
+def radix_step(r: Any, work: Workload, n: int, hooked: bool) -> float:
+    hooks(r, hooked)
+    t = 0.0
+    for _ in range(n):
+        rid, ids = work.next()
+        t0 = time.perf_counter()
+        r.match_and_load(r.request(rid + "m", ids, prompt=PROMPT, allocate=False))
+        t += time.perf_counter() - t0
+        req = r.request(rid, ids, prompt=PROMPT)
+        t0 = time.perf_counter()
+        r.finish(req)
+        t += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    r.cache.check_hicache_events()
+    r.evict_all()
+    t += time.perf_counter() - t0
+    _trim_calls()
+    return t
+
+
+def tables(r: Any) -> dict[str, int]:
+    """Sizes of the bridge's per-request tables after a run: stores the bridge still tracks, slots held back."""
+    bridge = r.cache.flexkv_connector
+    return {"store_keys": len(bridge.stores.owner), "store_handles": len(bridge.stores.by_handle),
+            "flexkv_inflight_stores": len(bridge.connector._inflight_stores)}  # fmt: skip
+
+
+def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int) -> dict[str, Any]:
+    """Bridge: the modes on their own rigs (connectors); radix: one rig, its hooks switched per step."""
+    step = bridge_step if kind == "bridge" else radix_step
+    on = {"baseline": rs[0], "plugin": rs[1] if kind == "bridge" else rs[0]}
+    work = {m: Workload(f"{kind}{n}{m}-", base=10**8 * (i + 1)) for i, m in enumerate(("baseline", "plugin"))}
+    rounds: dict[str, list[float]] = {"baseline": [], "plugin": []}
+    for rep in range(repeats + 1):
+        times: dict[str, list[float]] = {"baseline": [], "plugin": []}
+        for s in range(steps):
+            for m in ("baseline", "plugin") if s % 2 else ("plugin", "baseline"):
+                plugin = m == "plugin"
+                times[m].append(step(on[m], work[m], n, not plugin if kind == "bridge" else plugin))
+        if rep:  # the first round warms up
+            for m in rounds:
+                rounds[m].append(statistics.median(times[m]))
+    hooks(rs[0], True)
+    base, plug = (statistics.median(rounds[m]) * 1e6 for m in ("baseline", "plugin"))
+    row = {"what": kind, "requests": n, "baseline_us": round(base, 2), "plugin_us": round(plug, 2),
+           "ratio": round(plug / base, 3), "added_us": round(plug - base, 2), "repeats": repeats,
+           "steps_per_repeat": steps, "plugin_tables_at_end": tables(on["plugin"])}  # fmt: skip
+    print(f"sglang {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    quick = "--quick" in argv
+    os.environ.setdefault("SGLANG_LOGGING_LEVEL", "ERROR")
+    with tempfile.TemporaryDirectory() as tmp:
+        rs = rigs(Path(tmp), slots=4096, count=2)
+        if quick:
+            plan = [("bridge", 1, 2, 4), ("radix", 1, 2, 4), ("bridge", 8, 2, 2), ("radix", 8, 2, 2)]
+        else:
+            plan = [("bridge", 1, 5, 200), ("bridge", 64, 5, 6), ("bridge", 512, 3, 2),
+                    ("radix", 1, 5, 100), ("radix", 64, 5, 4)]  # fmt: skip
+        return {"sglang": [measure(rs, kind, n, reps, steps) for kind, n, reps, steps in plan]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))
