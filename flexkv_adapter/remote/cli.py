@@ -19,7 +19,7 @@ from .exit_codes import ExitCode, RemoteExit
 from .health import HealthServer
 from .lock import InstanceLock, prepare_lock_dir
 from .lookup_budget import LookupBudget
-from .output import LastLines, flush_all, guard_streams
+from .output import flush_all, guard_streams
 from .preflight import (
     StopRequested,
     apply_gpu_visibility,
@@ -67,6 +67,7 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     health: HealthServer | None = None
     ready_file = ReadyFile(s.ready_file) if s.ready_file else None
     code = ExitCode.FORCED
+    failure: RemoteExit | None = None
     lookups = LookupBudget(s.connect_timeout_s)  # start-up's name lookups share one connect_timeout_s
     try:
         lookups.spend(lambda _: _unless_stopped(lambda: validate(s), signals))  # resolves master_host (first)
@@ -102,8 +103,7 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
     except (RemoteExit, LookupTimedOut) as exc:
         if isinstance(exc, LookupTimedOut):  # a later lookup of the master (lock, spawns, dry run)
             exc = unresolved_master(s, exc)
-        logger.error("%s", exc)
-        code = exc.code
+        failure, code = exc, exc.code
         if tracker is not None:
             tracker.set(State.FAILED, str(exc))
             if health is not None and s.failed_visible_s > 0 and not signals.event.is_set():
@@ -117,6 +117,8 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         reap_descendants(0.0 if code is ExitCode.FORCED else min(s.reap_grace_s, s.grace_s))
         if lock is not None:
             lock.release()
+    if failure is not None:  # after the failed_visible_s window and the teardown: the last line says why
+        logger.error("%s", failure)
     return code
 
 
@@ -138,8 +140,6 @@ def _refuse_spawns(s: AdapterSettings, lookup_s: float | None = None) -> None:
 def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> int:
     guard_streams()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s start_remote: %(message)s")
-    last = LastLines()
-    logging.getLogger().addHandler(last)
     try:
         args = build_parser(prog).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a command-line error (2, logged by the parser)
@@ -157,9 +157,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> in
         why = " ".join(f"{type(exc).__name__}: {exc}".split())
         logger.error("cannot load settings (config %s): %s", args.config or "$FLEXKV_ADAPTER_CONFIG", why)
         return ExitCode.SETTINGS
-    code = run_remote(s, args.dry_run, signals)
-    last.repeat_error(logger, code)
-    return int(code)
+    return int(run_remote(s, args.dry_run, signals))
 
 
 def entry_point(argv: Sequence[str] | None = None, prog: str = "start_remote.py") -> None:

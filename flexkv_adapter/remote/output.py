@@ -55,23 +55,3 @@ def flush_all() -> None:
             getattr(sys, name).flush()
         except (OSError, ValueError, AttributeError):
             _to_devnull(name)
-
-
-class LastLines(logging.Handler):
-    """The last record and the last error logged: after a failure, stderr's last line repeats why
-    (the failed_visible_s window and the teardown log lines come after the error's own line)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.last: logging.LogRecord | None = None
-        self.error: logging.LogRecord | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.last = record
-        if record.levelno >= logging.ERROR:
-            self.error = record
-
-    def repeat_error(self, log: logging.Logger, code: int) -> None:
-        """End a failed run with its reason, unless the reason already is the last line."""
-        if code and self.error is not None and self.last is not self.error:
-            log.error("exit %d: %s", code, self.error.getMessage())

@@ -109,18 +109,21 @@ def test_an_empty_health_host_is_refused_at_load_so_a_dry_run_cannot_pass(tmp_pa
     assert code == ExitCode.OK, err  # the control: a real address passes
 
 
-def test_after_a_failure_the_last_line_repeats_the_reason(tmp_path):
+def test_after_a_failure_the_error_line_is_the_last_line(tmp_path):
+    """The failed_visible_s window and the teardown log after the failure: the one error line comes
+    after them, and the state line already gave the reason when it happened."""
     with holding() as busy:  # one master port accepts, the others do not: exit 10 after connect_timeout
         remote = Remote(tmp_path, ports=(busy, *free_ports(2)), connect_timeout=0.5, failed_visible=0.3)
         code, _, err = remote.finish(timeout=30)
     lines = err.strip().splitlines()
-    assert code == ExitCode.MASTER_UNREACHABLE, err
-    assert any("serving state failed for failed_visible_s=" in line for line in lines), err  # logged after
-    reason = next(line for line in lines if " ERROR start_remote: " in line).split(" ERROR start_remote: ")[1]
-    assert lines[-1].endswith(f" ERROR start_remote: exit 10: {reason}"), lines[-1]
+    errors = [line for line in lines if " ERROR start_remote: " in line]
+    assert code == ExitCode.MASTER_UNREACHABLE and len(errors) == 1 and lines[-1] == errors[0], err
+    reason = errors[0].split(" ERROR start_remote: ")[1]
+    window = next(i for i, line in enumerate(lines) if "serving state failed for failed_visible_s=" in line)
+    assert any(f"state: failed ({reason})" in line for line in lines[:window]), err  # said when it failed
 
 
-def test_a_refusal_that_is_the_last_line_is_not_repeated(tmp_path):
+def test_a_refusal_before_the_start_is_one_error_line_too(tmp_path):
     code, _, err = run(tmp_path, master_ports="5556,5556,5558")
     errors = [line for line in err.splitlines() if " ERROR " in line]
     assert code == ExitCode.BAD_PORTS and len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
