@@ -28,7 +28,7 @@ from flexkv_adapter.flexkv import plan
 from flexkv_adapter.pipeline.align import align_block_counts
 
 from ..readers.test_vllm_layout import views
-from ..strategies_integers import ROWS, durations, env_texts, hostile_integers
+from ..strategies.integers import ROWS, durations, env_texts, hostile_integers
 
 RULE = {1: "must be a positive integer", 0: "must be a non-negative integer"}
 SPEC = {"name": "ways", "kind": "mha", "attrs": ["k_buffer", "v_buffer"], "axes": "N H D"}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
 
-from ..strategies_remote import absolute_ipc_endpoints, ipc_endpoints_naming_no_socket
+from ..strategies.remote import absolute_ipc_endpoints, ipc_endpoints_naming_no_socket
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from flexkv_adapter import load_settings
 from flexkv_adapter.errors import AdapterError
 
-from ..strategies_integers import env_texts
+from ..strategies.integers import env_texts
 
 FIELDS = {"page_size": "FLEXKV_ADAPTER_PAGE_SIZE", "align_timeout_s": "FLEXKV_ADAPTER_ALIGN_TIMEOUT_S"}
 SPELLINGS = (

@@ -1,4 +1,4 @@
-"""Properties of the gate over pools with hostile planes (tests/strategies_planes.py): adapt() and plan() agree,
+"""Properties of the gate over pools with hostile planes (tests/strategies/planes.py): adapt() and plan() agree,
 a whole view adapt() returns is one plan() registers, nothing raises a raw exception, and what is registered
 holds every plane tensor once, as many as layers x (K, V), sharing no byte with another registered tensor."""
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from flexkv_adapter.flexkv import plan
 
 from ..hybrid_agreement import agreement, is_documented_asymmetry
-from ..strategies_planes import plane_pools
+from ..strategies.planes import plane_pools
 
 SOME = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

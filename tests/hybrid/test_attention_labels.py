@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from flexkv_adapter import InconsistentLayersError
 
 from ..hybrid_agreement import agreement
-from ..strategies_review_s2 import linear_wrappers_without_attention_ids
+from ..strategies.wrappers import linear_wrappers_without_attention_ids
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

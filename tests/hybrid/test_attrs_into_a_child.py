@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from flexkv_adapter import adapt
 
 from ..hybrid_agreement import agreement
-from ..strategies_hybrid import _mla
-from ..strategies_review_s2 import attrs_into_a_child_with_planes
+from ..strategies.hybrids import _mla
+from ..strategies.wrappers import attrs_into_a_child_with_planes
 
 SOME = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

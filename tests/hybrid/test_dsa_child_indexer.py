@@ -17,8 +17,8 @@ from flexkv_adapter import adapt
 from flexkv_adapter.model.hybrid import HybridPoolError
 
 from ..hybrid_agreement import agreement
-from ..strategies_hybrid import _mla
-from ..strategies_review_s2 import _mamba, wrappers_with_a_dsa_child
+from ..strategies.hybrids import _mla
+from ..strategies.wrappers import _mamba, wrappers_with_a_dsa_child
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

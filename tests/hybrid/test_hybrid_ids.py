@@ -19,7 +19,7 @@ from flexkv_adapter import InconsistentLayersError, adapt
 from flexkv_adapter.cli.samples import _hybrid_linear_pool, _minimax_pool, _swa_pool
 from flexkv_adapter.flexkv import plan
 
-from ..strategies_hybrid import duplicated_ids
+from ..strategies.hybrids import duplicated_ids
 
 NUMERIC = {"numpy-int64": np.int64, "numpy-uint8": np.uint8, "torch-0d": lambda i: torch.tensor(i)}
 HOSTILE = {"bool": lambda i: i == i, "float": float, "negative": lambda i: -i - 1, "numpy-float": np.float64}

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from flexkv_adapter import InconsistentLayersError
 
 from ..hybrid_agreement import agreement
-from ..strategies_review_s2 import mappings_read_two_ways
+from ..strategies.wrappers import mappings_read_two_ways
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from flexkv_adapter import InconsistentLayersError, adapt
 
 from ..hybrid_agreement import agreement
-from ..strategies_hybrid import _mha
-from ..strategies_review_s2 import _mamba, unreadable_id_maps
+from ..strategies.hybrids import _mha
+from ..strategies.wrappers import _mamba, unreadable_id_maps
 
 SOME = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -16,7 +16,7 @@ from flexkv_adapter import adapt
 from flexkv_adapter.errors import PlanError
 from flexkv_adapter.flexkv import plan
 
-from ..strategies_hybrid import PS, ROWS, _mla
+from ..strategies.hybrids import PS, ROWS, _mla
 
 
 def _dsa(n: int, compressed: bool) -> object:

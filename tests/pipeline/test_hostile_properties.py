@@ -11,8 +11,8 @@ from hypothesis import event, given, note
 from flexkv_adapter import AdapterError, adapt
 
 from ..helpers import flexkv_block_bytes, region_bytes
-from ..strategies import Case, check_view, extent_mismatches, markers_next_to_attrs, pair_confusions, shuffled_dicts
-from ..strategies_hostile import (
+from ..strategies.cases import Case, check_view
+from ..strategies.hostile import (
     byte_buffers,
     check_split,
     raising_attributes,
@@ -20,6 +20,7 @@ from ..strategies_hostile import (
     storage_less,
     strided_tensors,
 )
+from ..strategies.pools import extent_mismatches, markers_next_to_attrs, pair_confusions, shuffled_dicts
 
 
 def _holds(case: Case) -> None:

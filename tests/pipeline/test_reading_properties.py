@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from ..strategies_review3 import (
-    copying_getters,
-    metadata_numbers,
-    nested_containers,
-    shared_byte_dicts,
-    unlabelled_entries,
-)
-from ..strategies_review4 import hostile_keys, shifted_overlaps
+from ..strategies.containers import copying_getters, metadata_numbers, nested_containers
+from ..strategies.pools import hostile_keys, shifted_overlaps
+from ..strategies.vllm import shared_byte_dicts, unlabelled_entries
 from .test_hostile_properties import _holds
 
 FEW = settings(max_examples=80, deadline=None)

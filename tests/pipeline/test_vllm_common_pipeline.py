@@ -25,7 +25,7 @@ from flexkv_adapter.pipeline.options import resolve_geometry
 from flexkv_adapter.readers.vllm_layout import LAYOUTS, vllm_form, vllm_twin
 
 from ..helpers import SGLangLikeMHAPool
-from ..strategies_vllm import CopyingMapping, layer_views, vllm_033_dicts
+from ..strategies.vllm import CopyingMapping, layer_views, vllm_033_dicts
 from ..view_facts import accepted_or_refused as _outcome
 from ..view_facts import view_facts as _facts
 

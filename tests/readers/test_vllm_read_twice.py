@@ -18,7 +18,7 @@ from flexkv_adapter.errors import NotAddressableError
 from flexkv_adapter.flexkv import plan
 from flexkv_adapter.readers.vllm_layout import LAYOUTS
 
-from ..strategies_vllm import layer_views
+from ..strategies.vllm import layer_views
 
 
 class CopiesOnGet(dict):  # type: ignore[type-arg]

@@ -14,7 +14,7 @@ from flexkv_adapter.config.settings import FAILED_VISIBLE_MAX_S, load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.exit_codes import ExitCode
 
-from ..strategies_remote import values_outside
+from ..strategies.remote import values_outside
 from .harness import Remote, free_ports, holding, run_once
 
 LINE = "serving state failed for failed_visible_s="

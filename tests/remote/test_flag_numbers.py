@@ -15,7 +15,7 @@ from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.cli import build_parser
 
-from ..strategies_integers import env_texts
+from ..strategies.integers import env_texts
 
 BASE = {"FLEXKV_MASTER_HOST": "10.0.0.1", "FLEXKV_ADAPTER_NNODES": "2", "FLEXKV_ADAPTER_NODE_RANK": "1"}
 # flag, settings field, environment variable

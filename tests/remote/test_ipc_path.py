@@ -15,7 +15,7 @@ from flexkv_adapter.config.settings import load_settings
 from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.exit_codes import ExitCode
 
-from ..strategies_remote import absolute_ipc_endpoints, relative_ipc_endpoints
+from ..strategies.remote import absolute_ipc_endpoints, relative_ipc_endpoints
 from .harness import run_once
 
 RELATIVE = "ipc://flexkv/sock"

@@ -1,8 +1,8 @@
-"""Hypothesis strategies for the session-2 review: hybrid wrappers whose metadata or children hide state.
+"""Hybrid wrappers whose metadata or children hide state the policy must not read silently wrong.
 
-Each draws a wrapper the policy must not read silently wrong: a DSA child whose indexer the wrapper
-does not expose itself, and id mappings that are present but not mappings (a list of pairs, a list of
-ids, a string), which used to be ignored in favour of 0..n-1 labels.
+A DSA child whose indexer the wrapper does not expose itself, id mappings that are present but not
+mappings (a list of pairs, a list of ids, a string) or that read two ways, a child with planes reached
+through attrs=, and linear-attention wrappers with no record of where their attention layers sit.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from .strategies_hybrid import PS, ROWS, _mha, _mla, _split
+from .hybrids import PS, ROWS, _mha, _mla, _split
 
 
 def _dsa_child(ids: list[int], skipped: set[int]) -> SimpleNamespace:

@@ -1,86 +1,20 @@
-"""Hypothesis strategies for hostile adapt() inputs (issue 8).
+"""Pools whose layers are easy to misread, as :class:`~tests.strategies.cases.Case` s.
 
-Each strategy draws a tiny pool together with what a correct view must alias, so a test can hold
-adapt() to "exactly the right elements, or an AdapterError". A case is a :class:`Case`:
-``expected`` maps plane -> per-layer source regions (None: any view is wrong, an error is due),
-``must_succeed`` marks inputs that are fully specified and FlexKV-addressable.
+K/V pairs that could be confused, extents that disagree, pool markers next to attrs=, shuffled dicts,
+layer views over shared bytes on the general path (row for row: fine; rows shifted: refused), and dicts
+whose keys are hostile (raising or huge ``__str__``/``__repr__``, non-str keys) with ``layer_ids=`` right,
+wrong or absent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import torch
 from hypothesis import strategies as st
 
-from .helpers import assert_aliases, distinct
-
-DTYPE = torch.int32  # 4 bytes: FlexKV's 8-byte block rule bites when page * heads * dim is odd
-
-
-@dataclass
-class Case:
-    pool: Any
-    options: dict[str, Any]
-    expected: dict[str, list[torch.Tensor]] | None
-    roots: list[torch.Tensor]
-    must_succeed: bool = False
-    layer_ids: list[int] | None = None
-    notes: dict[str, Any] = field(default_factory=dict)
-
-
-def _ok(page: int, heads: int, *dims: int, itemsize: int = 4) -> bool:
-    return all(page * heads * d * itemsize % 8 == 0 for d in dims)
-
-
-def aligned_regions(expected: dict[str, list[torch.Tensor]], page: int) -> bool:
-    """Every region's base meets FlexKV's kernel: 8-byte words, 16-byte loads when a block allows them."""
-    return all(
-        r.data_ptr() % (16 if page * r[0].numel() * r.element_size() % 16 == 0 else 8) == 0
-        for regions in expected.values()
-        for r in regions
-    )
-
-
-def check_view(view: Any, case: Case) -> None:
-    """The view aliases exactly ``case.expected`` (values, then a write through the view)."""
-    assert case.expected is not None, f"adapt accepted an input that must be refused: {case.notes}"
-    planes = {"kv": view.kv_buffer} if view.report.kind == "mla" else {"k": view.k_buffer, "v": view.v_buffer}
-    assert set(planes) == set(case.expected)
-    rows = view.report.aligned_rows
-    assert rows % view.page_size == 0 and view.report.bytes_copied == 0
-    for plane, views in planes.items():
-        assert len(views) == len(case.expected[plane])
-        for got, region in zip(views, case.expected[plane]):
-            region = region if region.ndim == 4 else region[:rows]  # paged regions are whole pages
-            root = next(r for r in case.roots if r.untyped_storage().data_ptr() == got.untyped_storage().data_ptr())
-            assert got.is_contiguous()
-            if root.dtype == got.dtype:
-                assert_aliases(got.view(region.shape), region, root)
-            else:
-                _assert_aliases_bytes(got.view(region.shape), region, root)
-    if case.layer_ids is not None:
-        assert view.layer_ids == case.layer_ids
-
-
-def _assert_aliases_bytes(view: torch.Tensor, region: torch.Tensor, root: torch.Tensor) -> None:
-    """``assert_aliases`` for a typed view of a byte root: the bytes a write changes lie in ``region``."""
-    assert torch.equal(view, region)
-    before = root.clone()
-    view.fill_(-7 if view.dtype.is_signed else 7)
-    assert torch.equal(region, torch.full_like(region, -7 if region.dtype.is_signed else 7))
-    changed = (root != before).nonzero().flatten()
-    start = region.data_ptr() - root.data_ptr()
-    assert changed.numel() > 0 and start <= int(changed.min()) and int(changed.max()) < start + region.nbytes
-    root.copy_(before)
-
-
-def draw_geometry(draw: st.DrawFn) -> tuple[int, int, int, int]:
-    heads, dim, page = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4]))
-    rows = page * draw(st.integers(1, 3)) + draw(st.integers(0, page - 1))
-    return heads, dim, page, rows
+from ..helpers import distinct
+from .cases import DTYPE, Case, _ok, aligned_regions, draw_geometry
 
 
 @st.composite
@@ -205,3 +139,66 @@ def shuffled_dicts(draw: st.DrawFn) -> Case:
         wrong_ids, order, labels = given is None, list(range(n)), list(given or [])
     expected = None if start or wrong_ids else {"k": [ts[j][0] for j in order], "v": [ts[j][1] for j in order]}
     return Case(pool, options, expected, ts, expected is not None, labels, {"named": named, "mode": mode})
+
+
+@st.composite
+def shifted_overlaps(draw: st.DrawFn) -> Case:
+    """K layers (or K beside V) in one buffer, each starting ``shift`` rows after the previous one."""
+    layers, heads, dim = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2])), draw(st.sampled_from([2, 4]))
+    page = draw(st.sampled_from([1, 2, 4]))
+    rows = page * draw(st.integers(1, 3))
+    shift = draw(st.integers(0, rows + 1))
+    row = heads * dim
+    base = distinct(((rows + shift * (2 * layers)) * row,), DTYPE)
+    views = [base[i * shift * row :][: rows * row].view(rows, heads, dim) for i in range(2 * layers)]
+    form = draw(st.sampled_from(["k-list", "k-and-v", "dict"]))
+    if form == "k-and-v":  # layer i's V starts shift rows into its K
+        ks, vs = views[0::2], views[1::2]
+    else:
+        ks, vs = views[:layers], [distinct((rows, heads, dim), DTYPE, 5000 + 100 * i) for i in range(layers)]
+    k: Any = {f"layers.{i}": t for i, t in enumerate(ks)} if form == "dict" else ks
+    v: Any = {f"layers.{i}": t for i, t in enumerate(vs)} if form == "dict" else vs
+    pool = SimpleNamespace(k_buffer=k, v_buffer=v, page_size=page)
+    overlapping = 0 < shift < rows and (form == "k-and-v" or layers > 1)
+    expected = None if overlapping else {"k": ks, "v": vs}
+    ok = expected is not None and row * page * 4 % 8 == 0 and aligned_regions(expected, page)
+    roots = [base] if form == "k-and-v" else [base, *vs]
+    return Case(pool, {}, expected, roots, ok, list(range(layers)), {"form": form, "shift": shift})
+
+
+class _Key:
+    """A dict key whose text is hostile."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __str__(self) -> str:
+        if self.how == "raise":
+            raise RuntimeError("no text")
+        return "layers.7" + ".x" * 50_000
+
+    __repr__ = __str__
+
+
+@st.composite
+def hostile_keys(draw: st.DrawFn) -> Case:
+    """Per-layer K/V dicts with one hostile key; only layer_ids= (in the dict's order) may label it."""
+    layers = draw(st.integers(2, 3))
+    rows, page = 8, 4
+    ks = [distinct((rows, 2, 2), DTYPE, 100 * i) for i in range(layers)]
+    vs = [distinct((rows, 2, 2), DTYPE, 100 * i + 50) for i in range(layers)]
+    key: object = draw(st.sampled_from([_Key("raise"), _Key("huge"), b"layers.1", ("layers", 1), 1.0]))
+    slot = draw(st.integers(0, layers - 1))
+    keys: list[object] = [f"model.layers.{i}.attn" for i in range(layers)]
+    keys[slot] = key
+    pool = SimpleNamespace(k_buffer=dict(zip(keys, ks)), v_buffer=dict(zip(keys, vs)), page_size=page)
+    mode = draw(st.sampled_from(["right", "none", "wrong"]))
+    ids = [i if i != slot else 40 + i for i in range(layers)]
+    options: dict[str, Any] = {}
+    if mode == "right":
+        options["layer_ids"] = ids
+    elif mode == "wrong":
+        options["layer_ids"] = [i + 1 for i in ids]  # contradicts the named entries
+    good = mode == "right"
+    expected = {"k": ks, "v": vs} if good else None
+    return Case(pool, options, expected, [*ks, *vs], good, ids if good else None, {"key": type(key).__name__})

@@ -17,6 +17,8 @@ import torch
 from hypothesis import strategies as st
 
 PAGE, PAGES = 16, 4
+
+
 ROWS = PAGE * PAGES
 KV_ROW = 2 * 8  # bytes of one MHA row: 2 heads x 8 uint8
 

@@ -17,7 +17,10 @@ import torch
 from hypothesis import strategies as st
 
 PS, HEADS, DIM, ROWS = 4, 2, 4, 3 * 4 + 4  # one dummy page, as SGLang's pools hold size + page rows
+
+
 DTYPE = torch.bfloat16
+
 
 # How an id is written into a wrapper's metadata; the hostile ones must be refused (InconsistentLayersError).
 ID_TYPES = {
@@ -26,6 +29,8 @@ ID_TYPES = {
     "numpy-int32": np.int32,
     "torch-0d": lambda i: torch.tensor(i),
 }
+
+
 HOSTILE_IDS = {
     "bool": lambda i: True,
     "float": float,

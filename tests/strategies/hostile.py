@@ -1,5 +1,5 @@
 """Hypothesis strategies for hostile adapt() inputs (issue 8), part 2: raising attributes,
-storage-less tensors, byte-buffer geometry. See :mod:`tests.strategies` for :class:`Case`."""
+storage-less tensors, byte-buffer geometry. See :mod:`tests.strategies.cases` for :class:`Case`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from .helpers import distinct
-from .strategies import DTYPE, Case, aligned_regions, draw_geometry
+from ..helpers import distinct
+from .cases import DTYPE, Case, aligned_regions, draw_geometry
 
 _PROBED = (
     "page_size",

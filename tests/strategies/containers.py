@@ -1,25 +1,21 @@
-"""Hypothesis strategies for the third review's classes (issue 17), as :class:`~tests.strategies.Case` s.
+"""Pools that hide their K/V in containers, metadata or getters, as :class:`~tests.strategies.cases.Case` s.
 
-Each draws a tiny pool and what a correct view must alias (``expected=None``: an AdapterError is due):
-containers nested in containers, metadata in every numeric type, getters that copy (or that return
-fresh views of the same memory, which is fine), vLLM dicts with distinct views over shared bytes (HMA)
-or true KV sharing (the same object), and vLLM dict entries without a layer index.
+Containers nested in containers (named directly, by dotted attrs=, or left to recognise), metadata and
+options in every numeric type, and getters that copy (refused) or return fresh views of the same memory
+(fine).
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
-from enum import IntEnum
-from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .helpers import distinct
-from .strategies import DTYPE, Case, _ok, aligned_regions, draw_geometry
+from ..helpers import distinct
+from .cases import DTYPE, Case, _ok, draw_geometry
+from .integers import _number
 
 
 def _kv(draw: st.DrawFn, layers: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int, int]:
@@ -63,48 +59,6 @@ def nested_containers(draw: st.DrawFn) -> Case:
     plain = flat and (layers == 1 or forms <= {"list", "tuple"} or forms == {"dict"})  # else: pairing is a guess
     expected = {"k": ks, "v": vs} if plain else None
     return Case(inner, options, expected, [*ks, *vs], bool(expected) and bool(ok), notes={"forms": forms})
-
-
-class _Index:
-    """A number only through ``__index__`` (which may return ``True``: still a bool, not 1)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __index__(self) -> int:
-        return self.n
-
-    def __repr__(self) -> str:
-        return f"_Index({self.n!r})"
-
-
-def _number(draw: st.DrawFn, value: int) -> tuple[object, bool]:
-    """``value`` in a drawn numeric type, and whether the one integer reader must accept it."""
-    kind = draw(
-        st.sampled_from(
-            [
-                *("int", "np.int64", "np.int32", "np.uint8", "tensor", "np0d", "bool", "float"),
-                *("IntEnum", "__index__", "Fraction", "Decimal"),
-            ]
-        )
-    )
-    if kind == "bool":
-        return draw(st.sampled_from([True, np.True_, torch.tensor(True), np.array(True), _Index(True)])), False
-    if kind in ("Fraction", "Decimal"):
-        return (Fraction(value) if kind == "Fraction" else Decimal(value)), False
-    if kind == "float":
-        return draw(st.sampled_from([float(value), np.float32(value), torch.tensor(float(value))])), False
-    make = {
-        "int": int,
-        "np.int64": np.int64,
-        "np.int32": np.int32,
-        "np.uint8": np.uint8,
-        "tensor": lambda n: torch.tensor(n),
-        "np0d": lambda n: np.array(n),
-        "IntEnum": lambda n: IntEnum("Number", {"N": n}).N,  # type: ignore[attr-defined]
-        "__index__": _Index,
-    }[kind]
-    return make(value), True
 
 
 @st.composite
@@ -175,52 +129,3 @@ def copying_getters(draw: st.DrawFn) -> Case:
         pool, options = SimpleNamespace(inner=pool), {"attrs": ["inner.k_buffer", "inner.v_buffer"], "page_size": page}
     expected = None if copies else {"k": ks, "v": vs}
     return Case(pool, options, expected, [*ks, *vs], not copies and bool(ok), notes={"how": how})
-
-
-def _vllm_mla(layers: int, blocks: int, tokens: int, content: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """vLLM 0.33 LBNHC MLA views (one head) over one buffer of distinct values: the root and the views."""
-    root = distinct((layers, blocks, tokens, 1, content), DTYPE)
-    return root, [root[i].permute(0, 2, 1, 3) for i in range(layers)]  # [B, H=1, N, C]
-
-
-@st.composite
-def shared_byte_dicts(draw: st.DrawFn) -> Case:
-    """vLLM dicts where a later layer reuses an earlier slot: the same object (KV sharing) or a distinct view."""
-    layers, blocks = draw(st.integers(1, 3)), draw(st.sampled_from([1, 3, 4]))
-    tokens, content = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([2, 4]))
-    root, per_layer = _vllm_mla(layers, blocks, tokens, content)
-    names = [f"model.layers.{i}.attn" for i in range(layers)]
-    kv = dict(zip(names, per_layer))
-    same = draw(st.booleans())
-    target = draw(st.integers(0, layers - 1))
-    t = per_layer[target]
-    kv[f"model.layers.{layers}.attn"] = t if same else t.as_strided(t.shape, t.stride(), t.storage_offset())
-    regions = [v.permute(0, 2, 1, 3).reshape(blocks * tokens, 1, content) for v in kv.values()]
-    expected = {"kv": regions} if same else None
-    ok = tokens * content * 4 % 8 == 0 and aligned_regions({"kv": regions}, tokens)
-    options = {"page_size": tokens, "kind": "mla"}
-    ids = list(range(layers + 1))
-    return Case(kv, options, expected, [root], same and ok and blocks != 2, ids, {"same": same})
-
-
-@st.composite
-def unlabelled_entries(draw: st.DrawFn) -> Case:
-    """vLLM dicts where some names hold no layer index (``mtp.attn``), with layer_ids= right, wrong or absent."""
-    layers = draw(st.integers(1, 3))
-    root, per_layer = _vllm_mla(layers, 3, 2, 4)
-    ids = draw(st.lists(st.integers(0, 30), min_size=layers, max_size=layers, unique=True))
-    unnamed = draw(st.lists(st.booleans(), min_size=layers, max_size=layers))
-    names = [f"mtp{j}.attn" if u else f"model.layers.{i}.attn" for j, (i, u) in enumerate(zip(ids, unnamed))]
-    kv = dict(zip(names, per_layer))
-    mode = draw(st.sampled_from(["right", "none", "wrong"]))
-    options: dict[str, Any] = {"page_size": 2, "kind": "mla"}
-    if mode == "right":
-        options["layer_ids"] = ids
-    elif mode == "wrong":
-        options["layer_ids"] = [i + 100 for i in ids]
-    named_ok = not any(unnamed)
-    good = mode == "right" or (mode == "none" and named_ok) or (mode == "wrong" and all(unnamed))
-    labels = [i + 100 for i in ids] if mode == "wrong" else ids
-    regions = [v.permute(0, 2, 1, 3).reshape(6, 1, 4) for v in per_layer]
-    expected = {"kv": regions} if good else None
-    return Case(kv, options, expected, [root], good, labels if good else None, {"mode": mode, "unnamed": unnamed})

@@ -9,6 +9,7 @@ the same numbers dressed as bools, floats (``16.0`` too), strings, Fractions, De
 from __future__ import annotations
 
 from decimal import Decimal
+from enum import IntEnum
 from fractions import Fraction
 from typing import Any
 
@@ -18,11 +19,51 @@ from hypothesis import strategies as st
 
 from flexkv_adapter.config.integers import LIMIT
 
-from .strategies_review3 import _Index, _number  # the numeric costumes of the third review
-
 ROWS = 64  # rows per layer of the test pool: an accepted page size divides it
 _SIZES = [1, 2, 4, 8, 16, 32, 64]
 _OUT_OF_RANGE = [0, -1, -16, LIMIT, LIMIT + 16, 2**63, 10**30, -(10**30)]
+
+
+class _Index:
+    """A number only through ``__index__`` (which may return ``True``: still a bool, not 1)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __index__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"_Index({self.n!r})"
+
+
+def _number(draw: st.DrawFn, value: int) -> tuple[object, bool]:
+    """``value`` in a drawn numeric type, and whether the one integer reader must accept it."""
+    kind = draw(
+        st.sampled_from(
+            [
+                *("int", "np.int64", "np.int32", "np.uint8", "tensor", "np0d", "bool", "float"),
+                *("IntEnum", "__index__", "Fraction", "Decimal"),
+            ]
+        )
+    )
+    if kind == "bool":
+        return draw(st.sampled_from([True, np.True_, torch.tensor(True), np.array(True), _Index(True)])), False
+    if kind in ("Fraction", "Decimal"):
+        return (Fraction(value) if kind == "Fraction" else Decimal(value)), False
+    if kind == "float":
+        return draw(st.sampled_from([float(value), np.float32(value), torch.tensor(float(value))])), False
+    make = {
+        "int": int,
+        "np.int64": np.int64,
+        "np.int32": np.int32,
+        "np.uint8": np.uint8,
+        "tensor": lambda n: torch.tensor(n),
+        "np0d": lambda n: np.array(n),
+        "IntEnum": lambda n: IntEnum("Number", {"N": n}).N,  # type: ignore[attr-defined]
+        "__index__": _Index,
+    }[kind]
+    return make(value), True
 
 
 @st.composite
@@ -40,7 +81,7 @@ def hostile_integers(draw: st.DrawFn, minimum: int = 1) -> Any:
                 [float(number) + 0.5, Fraction(number), Decimal(number), np.float64(number), _Index(True), *small]
             )
         )
-    if 0 <= number < 128:  # every numeric type of the third review (numpy int8..uint8 hold it)
+    if 0 <= number < 128:  # every numeric costume of _number (numpy int8..uint8 hold it)
         return _number(draw, number)[0]
     return number
 
