@@ -5,7 +5,7 @@ arguments) and layout spec keys. A name is compared with the known ones case-ins
 read as ``_``, by edit distance (a letter inserted, dropped, replaced, or two swapped); the nearest
 known names within :func:`reach` are suggested, every one that is equally near, so ``health_post``
 gets both ``health_host`` and ``health_port`` rather than a guess. A name further from all of them
-gets no suggestion: a wrong hint costs more than none.
+gets no suggestion (a wrong hint costs more than none); the message then lists the known keys once.
 """
 
 from __future__ import annotations
@@ -75,9 +75,15 @@ def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
 
 
 def unknown_key(key: str, known: Collection[str]) -> str:
-    """Why an unknown key was refused: the suggestion, else every known key."""
-    hint = did_you_mean(key, known)
-    return f"unknown key{hint}" if hint else clip(f"unknown key; the known keys are {', '.join(sorted(known))}", 600)
+    """Why an unknown key was refused, with the suggestion if there is one (else :func:`known_keys` lists them)."""
+    return f"unknown key{did_you_mean(key, known)}"
+
+
+def known_keys(errors: Iterable[ErrorDetails], model: type[BaseModel]) -> str:
+    """``known keys: ...`` once for a list of errors where an unknown key got no suggestion, else ``""``."""
+    known = model.model_fields
+    lost = any(e["type"] == "extra_forbidden" and not close_names(str(e["loc"][-1]), known) for e in errors)
+    return f"known keys: {', '.join(sorted(known))}" if lost else ""
 
 
 def _kinds(metadata: Iterable[object]) -> list[str]:

@@ -37,7 +37,7 @@ from ..text import clip, short_repr
 from .hosts import is_unspecified, resolvable_name
 from .integers import decimal_text
 from .ipc_endpoint import server_recv_port
-from .problems import did_you_mean, problem
+from .problems import did_you_mean, known_keys, problem
 from .strict import (
     COLLECTIVE_MAX_S,
     EnvNumbers,
@@ -312,6 +312,7 @@ def _invalid(exc: ValidationError, origins: dict[str, str], limit: int = 10) -> 
             lines.append(f"{key}={value} (from {origin}): {problem(err, AdapterSettings, origin.startswith('file '))}")
     if len(keys) > limit:
         lines.append(f"and {len(keys) - limit} more")
+    lines += [note] if (note := known_keys(exc.errors(), AdapterSettings)) else []
     return SettingsError("invalid settings:\n  " + "\n  ".join(lines), tuple(keys))
 
 

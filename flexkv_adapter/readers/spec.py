@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config.problems import problem
+from ..config.problems import known_keys, problem
 from ..config.strict import NonNegativeInt, PositiveInt
 from ..config.yamlfile import read_yaml_mapping, shown
 from ..errors import AdapterError
@@ -163,6 +163,7 @@ def validation_problems(exc: ValidationError, limit: int = 8, from_yaml: bool = 
     ]
     if len(errors) > limit:
         items.append(f"and {len(errors) - limit} more")
+    items += [note] if (note := known_keys(errors, LayoutSpec)) else []
     return "; ".join(items)
 
 

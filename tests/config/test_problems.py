@@ -152,7 +152,7 @@ def test_a_misspelt_spec_key_in_yaml_names_the_file_the_key_and_the_spec_key(pai
 def test_a_far_key_in_yaml_gets_the_known_keys_and_no_guess(key):
     for load, text in [(load_settings, f"'{key}': 1\n"), (load_spec, f"name: x\naxes: N H D\n'{key}': 1\n")]:
         message = _refusal(load, _file(text))
-        assert "did you mean" not in message and "unknown key; the known keys are " in message
+        assert "did you mean" not in message and message.count("known keys: ") == 1
 
 
 @FILES

@@ -104,7 +104,7 @@ def test_a_spec_that_does_not_match_names_what_disagreed():
 def test_invalid_specs_and_conflicting_options(tmp_path):
     with pytest.raises(AdapterError, match="axes='L KV Q'.*unknown axis"):
         load_spec({"name": "x", "axes": "L KV Q"})
-    with pytest.raises(AdapterError, match="colour=.*unknown key; the known keys are attrs, axes"):
+    with pytest.raises(AdapterError, match="colour=.*unknown key; known keys: attrs, axes"):
         load_spec({"name": "x", "axes": "N H D", "colour": "red"})
     with pytest.raises(AdapterError, match="not a torch dtype"):
         load_spec({"name": "x", "axes": "N H D", "dtype": "bfloat17"})
