@@ -35,6 +35,7 @@ from .supervisor import Signals, Supervisor
 logger = logging.getLogger("flexkv_adapter.remote")
 T = TypeVar("T")
 
+
 def _unless_stopped(step: Callable[[], T], signals: Signals) -> T:
     """Run a step that can block for long (a name lookup, bounded by connect_timeout_s; importing FlexKV
     and torch) in a thread, so a stop signal ends start-up within grace_s; the abandoned thread ends

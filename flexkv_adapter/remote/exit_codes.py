@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from enum import IntEnum
 
 
@@ -36,7 +35,7 @@ class RemoteExit(Exception):
 
 
 # What each status means and whether a service manager should restart on it: the one source of the
-# exit table in --help and docs/start_remote.md (a test keeps the page in step).
+# exit summary in --help (remote/args.py) and the table in docs/start_remote.md (a test keeps the page in step).
 MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: (
         "clean shutdown after SIGTERM/SIGINT/SIGHUP, or `--dry-run` with valid settings (it changes nothing; "
@@ -110,17 +109,3 @@ MEANINGS: dict[ExitCode, tuple[str, str]] = {
         "yes",
     ),
 }
-
-
-def exit_table() -> str:
-    """The exit statuses as plain text, for ``--help``."""
-    rows = []
-    for code in ExitCode:
-        meaning, restart = MEANINGS[code]
-        text = f"{meaning.replace('`', '')} [restart: {restart}]"
-        rows.append(
-            textwrap.fill(
-                text, 100, initial_indent=f"  {int(code):>2}  ", subsequent_indent=" " * 6, break_on_hyphens=False
-            )
-        )
-    return "\n".join(rows)

@@ -14,7 +14,7 @@ from flexkv_adapter.errors import SettingsError
 from flexkv_adapter.remote.args import FLAGS, RARE, build_parser
 from flexkv_adapter.remote.exit_codes import ExitCode
 
-from .harness import SCRIPT, Remote, clean_env, free_ports, holding, run_once
+from .harness import ROOT, SCRIPT, Remote, clean_env, free_ports, holding, run_once
 from .test_dryrun import run
 
 
@@ -127,3 +127,13 @@ def test_a_refusal_before_the_start_is_one_error_line_too(tmp_path):
     code, _, err = run(tmp_path, master_ports="5556,5556,5558")
     errors = [line for line in err.splitlines() if " ERROR " in line]
     assert code == ExitCode.BAD_PORTS and len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
+
+
+def test_the_docs_describe_every_flag_help_only_names():
+    """--help names the rarely used flags; docs/start_remote.md's table says what each does."""
+    docs = (ROOT / "docs" / "start_remote.md").read_text()
+    rare = [(flag, dest) for group, flag, dest, *_ in FLAGS if group == RARE] + [
+        ("--keep-cuda-visible-devices", "keep_cuda_visible_devices")
+    ]
+    for flag, dest in rare:
+        assert any(line.startswith(f"| `{flag}") and f"| `{dest}` |" in line for line in docs.splitlines()), flag
