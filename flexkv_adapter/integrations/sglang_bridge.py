@@ -16,11 +16,9 @@ empties FlexKV or fails (:mod:`.sglang_flush`). Which connector is built, and th
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from ..config.settings import load_settings
@@ -107,14 +105,15 @@ class BridgeConnector:
     def _req_id(self, method: str, handle: Any) -> dict[str, Any]:
         return {"sglang_req_id": handle.rid} if method in self._takes_req_id else {}
 
-    @contextlib.contextmanager
-    def _watch(self) -> Iterator[Seen]:
+    def _watch(self) -> Seen:
+        """A fresh record of what FlexKV's KVManager does in this call: a plain call, not a context manager,
+        as it is on every lookup, load and store (two generator-based context managers cost more than the
+        bridge's own work)."""
         self._clean = False
-        if self.observed is None:
-            yield Seen()
-        else:
-            with self.observed.watching() as seen:
-                yield seen
+        seen = Seen()
+        if self.observed is not None:
+            self.observed.seen = seen  # what ObservedManager.watching() does, without its generator
+        return seen
 
     def _cancel(self, task_ids: list[int]) -> None:
         """Cancel FlexKV tasks an error left behind (they hold FlexKV's CPU radix nodes and staging blocks)."""
@@ -134,13 +133,13 @@ class BridgeConnector:
         key = None if handle is None else self._key(handle)
         extra = {} if handle is None else self._req_id("lookup_kv", handle)
         result, failed = (-1, 0), False
-        with self._watch() as seen:
-            try:
-                result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
-            except Exception as exc:
-                self._cancel(seen.created)
-                self._failed("lookup", key, exc, "served as a miss")
-                failed = True
+        seen = self._watch()
+        try:
+            result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
+        except Exception as exc:
+            self._cancel(seen.created)
+            self._failed("lookup", key, exc, "served as a miss")
+            failed = True
         # one answer on every rank: a rank that raised after FlexKV's scatter left the others with a hit,
         # whose retrieve would wait in a barrier this rank never enters
         if self.agreement.min([int(not failed)])[0] == 0 and not failed:
@@ -155,11 +154,11 @@ class BridgeConnector:
         key, count = self._key(handle), int(slot_mapping.numel())
         tid = int(getattr(self.connector, "_pending_lookups", {}).get(key, -1))
         returned, error = None, None
-        with self._watch() as seen:
-            try:
-                returned = int(self.connector.retrieve_kv(key, slot_mapping))
-            except Exception as exc:
-                error = exc
+        seen = self._watch()
+        try:
+            returned = int(self.connector.retrieve_kv(key, slot_mapping))
+        except Exception as exc:
+            error = exc
         if error is not None and self.leader and seen.manager_error is not None and self.agreement.active:
             self.connector._sync_ctx.barrier()  # FlexKV raised before the barrier its other ranks wait in (:644-698)
         local = load_outcome(self.leader, seen, tid, count, returned, error is not None)
@@ -191,12 +190,12 @@ class BridgeConnector:
             return -1
         key, extra = self.stores.key(handle, self._key(handle)), self._req_id("store_kv", handle)
         tid, error = -1, None
-        with self._watch() as seen:
-            try:
-                tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices, **extra))
-            except Exception as exc:
-                error = exc
-                self._cancel([t for t in seen.created if t not in seen.launched])
+        seen = self._watch()
+        try:
+            tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices, **extra))
+        except Exception as exc:
+            error = exc
+            self._cancel([t for t in seen.created if t not in seen.launched])
         worst, best = self.agreement.min([int(error is None), -int(error is None)])
         if error is None:
             if tid >= 0:
