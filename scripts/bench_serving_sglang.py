@@ -15,6 +15,7 @@ SGLang 0.5.23's real FlexKVRadixCache, pools and allocator (tests/sglang/radix_h
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import logging
@@ -161,17 +162,24 @@ def tables(r: Any) -> dict[str, int]:
 
 
 def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int) -> dict[str, Any]:
-    """Bridge: the modes on their own rigs (connectors); radix: one rig, its hooks switched per step."""
+    """Bridge: the modes on their own rigs (connectors), swapped every round; radix: one rig, its hooks switched
+    per step."""
     step = bridge_step if kind == "bridge" else radix_step
     on = {"baseline": rs[0], "plugin": rs[1] if kind == "bridge" else rs[0]}
+    tables_of = on["plugin"]
     work = {m: Workload(f"{kind}{n}{m}-", base=10**8 * (i + 1)) for i, m in enumerate(("baseline", "plugin"))}
     rounds: dict[str, list[float]] = {"baseline": [], "plugin": []}
     for rep in range(repeats + 1):
         times: dict[str, list[float]] = {"baseline": [], "plugin": []}
+        if kind == "bridge":  # the rigs swap modes every round: one rig ran ~10 % slower than the other, whatever ran
+            on = {"baseline": rs[rep % 2], "plugin": rs[1 - rep % 2]}
+        gc.collect()  # between rounds, untimed: a collection inside a step would land on whichever mode ran then
+        gc.disable()
         for s in range(steps):
             for m in ("baseline", "plugin") if s % 2 else ("plugin", "baseline"):
                 plugin = m == "plugin"
                 times[m].append(step(on[m], work[m], n, not plugin if kind == "bridge" else plugin))
+        gc.enable()
         if rep:  # the first round warms up
             for m in rounds:
                 rounds[m].append(statistics.median(times[m]))
@@ -179,7 +187,7 @@ def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int) -> dict[
     base, plug = (statistics.median(rounds[m]) * 1e6 for m in ("baseline", "plugin"))
     row = {"what": kind, "requests": n, "baseline_us": round(base, 2), "plugin_us": round(plug, 2),
            "ratio": round(plug / base, 3), "added_us": round(plug - base, 2), "repeats": repeats,
-           "steps_per_repeat": steps, "plugin_tables_at_end": tables(on["plugin"])}  # fmt: skip
+           "steps_per_repeat": steps, "plugin_tables_at_end": tables(tables_of)}  # fmt: skip
     print(f"sglang {row}", file=sys.stderr, flush=True)
     return row
 
@@ -189,6 +197,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     os.environ.setdefault("SGLANG_LOGGING_LEVEL", "ERROR")
     with tempfile.TemporaryDirectory() as tmp:
         rs = rigs(Path(tmp), slots=4096, count=2)
+        gc.collect()
+        gc.freeze()  # what SGLang's and vLLM's servers do after start-up: later collections skip these
         if quick:
             plan = [("bridge", 1, 2, 4), ("radix", 1, 2, 4), ("bridge", 8, 2, 2), ("radix", 8, 2, 2)]
         else:
