@@ -33,7 +33,7 @@ from ..readers.sources import Source, locate_source
 from ..readers.vllm_layout import ONE_HEAD_FIX, read_geometry, resolve_kind, vllm_form
 from ..readers.wrappers import plane_groups, scale_groups
 from .build import build_view, mapped_layer_ids, named_sub_pool_ids
-from .carve import Planes, apply_declared_shape, logical_views, rows_heads_dim, signature
+from .carve import Planes, apply_declared_shape, flat_views, logical_views, rows_heads_dim, signature
 from .options import AdaptOptions, resolve_geometry, validate_options
 
 logger = logging.getLogger(__name__)
@@ -153,13 +153,34 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
             else:
                 misfits.append((located, interp, why))
     if not fits:
-        reasons = [*declined, *(f"{loc.family} ({'/'.join(loc.attrs)}) as {i}: {why}" for loc, i, why in misfits)]
+        misfits.sort(key=lambda m: not _shape_agrees(m[0], m[1]))  # the reading that got furthest speaks first
+        reasons = [*(f"{loc.family} ({'/'.join(loc.attrs)}) as {i}: {why}" for loc, i, why in misfits), *declined]
         raise _unsupported(pool, reasons)
     if geometry.axes is None:
         for loc, interp in fits:
             if twin := vllm_twin_of(loc, interp):
                 raise AmbiguousLayoutError(f"{type(pool).__name__}.{twin}")
     return _choose(pool, fits)
+
+
+def _none_addressable(pool: object, readings: list[tuple[Located, Interpretation, Planes]]) -> str | None:
+    """The first reading's refusal when no reading gets flat views: asking which one is meant would not
+    help, since each would be refused (vLLM >= 0.23's ``[NB, 2, BS, H, D]`` read token- or head-major)."""
+    refusals = []
+    for loc, interp, planes in readings:
+        try:
+            flat_views(planes, interp, pool, loc.attrs)
+        except NotAddressableError as e:
+            refusals.append(str(e))
+        else:
+            return None
+    return refusals[0]
+
+
+def _shape_agrees(located: Located, interp: Interpretation) -> bool:
+    """Whether every tensor has the reading's rank: its refusal then names a size (rows under a page,
+    a head count), which says more than a reading of the wrong rank or an attribute that is absent."""
+    return all(t.ndim == len(interp.axes) for c in located.containers for t in c.tensors)
 
 
 def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:
@@ -200,6 +221,11 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
         )
     tensors = {c.attr: c.tensors[0] for loc, _ in fits for c in loc.containers}
     shown = "; ".join(f"{a}: {describe(t)}" for a, t in tensors.items())
+    if refusal := _none_addressable(pool, list(distinct.values())):
+        raise NotAddressableError(
+            f"{type(pool).__name__}: {len(distinct)} readings of the KV tensors fit ({shown}), and FlexKV can "
+            "address none of them, whichever is meant:\n" + "\n".join(listed) + f"\nThe first: {refusal}"
+        )
     raise AmbiguousLayoutError(
         f"{type(pool).__name__}: {len(distinct)} readings of the KV tensors fit ({shown}):\n"
         + "\n".join(listed)

@@ -9,6 +9,7 @@ from typing import Any, Literal, TypedDict
 import torch
 
 from ..config.integers import LIMIT, bounded_integer
+from ..config.problems import did_you_mean
 from ..errors import AdapterError, InconsistentLayersError, NotAddressableError
 from ..model.axes import AxesLike, Axis, parse_axes
 from ..model.layout import Geometry, ViewKind
@@ -151,7 +152,9 @@ def validate_options(options: Mapping[str, Any], page_size: object = None) -> di
     """
     unknown = set(options) - KNOWN_OPTIONS
     if unknown:
-        raise AdapterError(f"unknown adapt() option(s) {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
+        known = sorted(KNOWN_OPTIONS | {"page_size"})  # page_size is adapt()'s own keyword, an option all the same
+        named = ", ".join(f"{name!r}{did_you_mean(name, known)}" for name in sorted(unknown))
+        raise AdapterError(f"unknown adapt() option(s) {named}; known: {known}")
     checked = {name: _CHECKS[name](name, value) for name, value in options.items() if value is not None}
     if page_size is not None:
         checked["page_size"] = _int("page_size", page_size, 1)

@@ -108,8 +108,9 @@ class LayoutSpec(BaseModel):
         return True, "addressable: per-layer views are C-contiguous [rows, heads, dim] (if the tensor is contiguous)"
 
     def describe(self) -> str:
-        _, verdict = self.addressability()
-        lines = [f"spec {self.name}: {self.kind.upper() if self.kind else 'MHA or MLA'} view"]
+        ok, verdict = self.addressability()
+        outcome = "adapt() gives views" if ok else "adapt() refuses it (NotAddressableError)"
+        lines = [f"spec {self.name}: {self.kind.upper() if self.kind else 'MHA or MLA'} layout: {outcome}"]
         if self.description:
             lines.append(f"  {self.description}")
         lines.append(f"  tensors: {'/'.join(self.attrs) if self.attrs else 'the pool object itself'}")

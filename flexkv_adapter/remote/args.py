@@ -8,13 +8,13 @@ A command-line error is one ``ERROR start_remote:`` line with a did-you-mean, st
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import re
 import textwrap
 from collections.abc import Callable
 from typing import NoReturn
 
+from ..config.problems import did_you_mean
 from ..config.settings import AdapterSettings
 from ..config.strict import number_kind, number_text
 from .exit_codes import MEANINGS, ExitCode
@@ -60,19 +60,19 @@ class _Parser(argparse.ArgumentParser):
             words = []
             for word in message[len(prefix) :].split():
                 flag = word.split("=", 1)[0]
-                hint = _did_you_mean(flag, known) if flag.startswith("--") else ""
+                hint = _hint(flag, known) if flag.startswith("--") else ""
                 words.append(f"{word}{hint}")
             message = f"unknown argument(s): {', '.join(words)}"
         logger.error("invalid command line: %s; see %s --help", message, self.prog)
         raise SystemExit(ExitCode.SETTINGS)
 
 
-def _did_you_mean(flag: str, known: list[str]) -> str:
-    """The nearest flags (all that are equally near, so neither of two is guessed), or ``""``."""
-    ratio = {k: difflib.SequenceMatcher(None, flag, k).ratio() for k in known}
-    best = max(ratio.values(), default=0.0)
-    close = sorted(k for k, r in ratio.items() if r == best and r >= 0.75)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+def _hint(flag: str, known: list[str]) -> str:
+    """The shared did-you-mean; else the flags ``flag`` abbreviates (abbreviations are off, so say so)."""
+    if hint := did_you_mean(flag, known, prefix="--"):
+        return hint
+    longer = sorted(k for k in known if k.startswith(flag) and len(flag) > 3)
+    return f" (did you mean {' or '.join(longer[:3])}? flags are not abbreviated)" if longer else ""
 
 
 def _default(dest: str) -> str:

@@ -233,7 +233,7 @@ def test_any_strided_views_are_read_byte_for_byte_or_refused(case, tp):
         ratio = block_size // view.shape[2]
         for block in range(p.num_block):
             part = view[block * ratio : (block + 1) * ratio].permute(0, 2, 1, 3).reshape(-1)
-            want = bytes(torch.empty_like(part).copy_(part).view(torch.uint8).tolist())
+            want = bytes(torch.empty(part.shape, dtype=part.dtype).copy_(part).view(torch.uint8).tolist())
             assert flexkv_worker_read(p.layout_fields(), list(p.tensors), layer, 0, block) == want, (layer, block)
 
 
