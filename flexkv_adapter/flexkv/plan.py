@@ -97,7 +97,7 @@ def _as_is(record: Source) -> tuple[Geometry, Located, Interpretation, Planes] |
     if record.structure is not None or carries_planes(record.holder) or hybrid_markers(record.pool):
         return None
     geometry = resolve_geometry(record.holder, record.page_size, record.options)  # type: ignore[arg-type]
-    located, interp, logical = recognise(record.holder, geometry, record.options)  # type: ignore[arg-type]
+    located, interp, logical = recognise(record.holder, geometry, record.options, views=False)  # type: ignore[arg-type]
     if (interp.per_layer, interp.axes) not in _REGISTERED_AS_IS or (located.split and interp.per_layer):
         return None
     return geometry, located, interp, logical

@@ -139,8 +139,14 @@ def _adapt_plain(pool: object, page_size: int | None, options: Any, label: str |
     return view.rebuild(report=replace(view.report, recognizer=label)) if label else view
 
 
-def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[Located, Interpretation, Planes]:
-    """The one reading of the pool's tensors that fits, with its canonical-order views."""
+def recognise(
+    pool: object, geometry: Geometry, options: AdaptOptions, *, views: bool = True
+) -> tuple[Located, Interpretation, Planes]:
+    """The one reading of the pool's tensors that fits, with its canonical-order views.
+
+    ``views``: the caller needs flat views (adapt()), so readings that all fit but none of which gives
+    them are NotAddressableError, not an ambiguity; plan()'s as-is path registers some of those whole.
+    """
     found, declined = locate(pool, geometry.attrs)
     fits: list[tuple[Located, Interpretation]] = []
     misfits: list[tuple[Located, Interpretation, str]] = []
@@ -160,7 +166,7 @@ def recognise(pool: object, geometry: Geometry, options: AdaptOptions) -> tuple[
         for loc, interp in fits:
             if twin := vllm_twin_of(loc, interp):
                 raise AmbiguousLayoutError(f"{type(pool).__name__}.{twin}")
-    return _choose(pool, fits)
+    return _choose(pool, fits, views)
 
 
 def _none_addressable(pool: object, readings: list[tuple[Located, Interpretation, Planes]]) -> str | None:
@@ -200,7 +206,9 @@ def _unsupported(pool: object, reasons: list[str]) -> UnsupportedPoolError:
     return UnsupportedPoolError("\n".join(lines))
 
 
-def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[Located, Interpretation, Planes]:
+def _choose(
+    pool: object, fits: list[tuple[Located, Interpretation]], views: bool
+) -> tuple[Located, Interpretation, Planes]:
     """The one reading that fits, after merging readings that address the same bytes."""
     readings = [(loc, interp, logical_views(loc, interp)) for loc, interp in fits]
     if len(readings) == 1:
@@ -221,7 +229,7 @@ def _choose(pool: object, fits: list[tuple[Located, Interpretation]]) -> tuple[L
         )
     tensors = {c.attr: c.tensors[0] for loc, _ in fits for c in loc.containers}
     shown = "; ".join(f"{a}: {describe(t)}" for a, t in tensors.items())
-    if refusal := _none_addressable(pool, list(distinct.values())):
+    if views and (refusal := _none_addressable(pool, list(distinct.values()))):  # plan() registers some as they are
         raise NotAddressableError(
             f"{type(pool).__name__}: {len(distinct)} readings of the KV tensors fit ({shown}), and FlexKV can "
             "address none of them, whichever is meant:\n" + "\n".join(listed) + f"\nThe first: {refusal}"

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexkv_adapter import AdapterError, AmbiguousLayoutError, NotAddressableError, UnsupportedPoolError, adapt
+from flexkv_adapter import AdapterError, AmbiguousLayoutError, NotAddressableError, UnsupportedPoolError, adapt, plan
 from flexkv_adapter.pipeline.options import KNOWN_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +65,14 @@ def test_a_vllm_blocks_first_dict_is_not_addressable_however_it_is_read(  # 1 bl
     assert "P KV T H D" in text and "not C-contiguous" in text
     with pytest.raises(NotAddressableError):  # the same verdict when the reading is named
         adapt(kv, axes="P KV T H D")
+
+
+def test_plan_still_asks_which_reading_it_registers_whole() -> None:
+    # plan() registers [NB, 2, BS, H, D] as LAYERBLOCK once the reading is named: the question helps there
+    kv = {f"model.layers.{i}.self_attn.attn": torch.zeros(4, 2, 16, 2, 8) for i in range(2)}
+    with pytest.raises(AmbiguousLayoutError):
+        plan(kv)
+    assert plan(kv, page_size=16).type.name == "LAYERBLOCK"
 
 
 def test_two_addressable_readings_are_still_ambiguous() -> None:  # negative control: never a guess

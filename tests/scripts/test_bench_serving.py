@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SCRIPT = ROOT / "scripts" / "bench_serving.py"
 DATA = ROOT / "docs" / "bench" / "serving.json"
 
