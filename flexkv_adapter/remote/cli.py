@@ -91,8 +91,9 @@ def run_remote(s: AdapterSettings, dry_run: bool = False, signals: Signals | Non
         signals.describe = tracker.snapshot
         if s.health_port:
             health_port = s.health_port
-            health = lookups.spend(
-                lambda left: _unless_stopped(lambda: HealthServer(tracker, s.health_host, health_port, left), signals)
+            # health_host is not the master's name: its own bound, so a slow master lookup is never exit 9
+            health = _unless_stopped(
+                lambda: HealthServer(tracker, s.health_host, health_port, s.connect_timeout_s), signals
             )
             health.start()
         logger.debug("plan: %s", plan(s, visibility, lock))

@@ -1,9 +1,11 @@
 """One ``connect_timeout_s`` for all of start-up's name lookups, not one each.
 
 Every lookup is bounded on its own (``config/lookup.py``), but start-up makes several in a row:
-the master's name for the preflight, the lock key and the spawn check, then ``health_host``. A
-resolver that answers each one just inside the bound would hold start-up for one bound per lookup
-before exit 10. The budget hands each step what the earlier ones left, and counts only the time
+the master's name for the preflight, the lock key and the spawn check. A resolver that answers
+each one just inside the bound would hold start-up for one bound per lookup before exit 10.
+``health_host`` is another name, looked up with its own bound: a budget the master's lookups used up
+would otherwise end in exit 9 ("cannot listen") for a health host that resolves.
+The budget hands each step what the earlier ones left, and counts only the time
 spent in those steps (importing FlexKV between them is no lookup).
 """
 

@@ -1,7 +1,8 @@
-"""start_remote's start-up lookups (the preflight, the lock key, the spawn check, the health bind) share
-one connect_timeout_s: a resolver that answers each just inside the bound ends start-up with exit 10
-after connect_timeout_s in all, not one bound per lookup. The slow resolver is a ``socket.getaddrinfo``
-that answers a name after a fixed delay (in the real start_remote process, by a sitecustomize)."""
+"""start_remote's start-up lookups of the master's name (the preflight, the lock key, the spawn check)
+share one connect_timeout_s, and health_host has a bound of its own: a resolver that answers each just
+inside the bound ends start-up with exit 10 after connect_timeout_s in all, not one bound per lookup.
+The slow resolver is a ``socket.getaddrinfo`` that answers a name after a fixed delay (in the real
+start_remote process, by a sitecustomize)."""
 
 from __future__ import annotations
 
@@ -70,13 +71,13 @@ def test_each_step_gets_what_the_earlier_ones_left(monkeypatch):
         roomy.spend(lambda left: lookup.getaddrinfo(SLOW, None, left))
 
 
-def _start(tmp: Path, slow_s: float, connect_s: float) -> tuple[Remote, Path]:
+def _start(tmp: Path, slow_s: float, connect_s: float, **flags: object) -> tuple[Remote, Path]:
     """start_remote whose resolver answers the master's name after ``slow_s``."""
     tmp.mkdir()
     (tmp / "sitecustomize.py").write_text(SITECUSTOMIZE)
     mark = tmp / "lookups"
     env = {"PYTHONPATH": f"{tmp}:{ROOT}", "SLOW_NAME": SLOW, "SLOW_S": str(slow_s), "SLOW_MARK": str(mark)}
-    return Remote(tmp, env=env, master_host=SLOW, connect_timeout=connect_s), mark
+    return Remote(tmp, env=env, master_host=SLOW, connect_timeout=connect_s, **flags), mark
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,11 @@ def outcomes(tmp_path_factory):
     """Both start_remotes at once (one start-up's time): exit status, stderr, when each lookup began and
     when the process ended (one monotonic clock)."""
     base = tmp_path_factory.mktemp("budget")
-    started = {"slow": _start(base / "slow", 1.5, 2.0), "fits": _start(base / "fits", 0.2, 3.0)}
+    started = {
+        "slow": _start(base / "slow", 1.5, 2.0),
+        "fits": _start(base / "fits", 0.2, 3.0),
+        "health": _start(base / "health", 0.6, 2.0, health_host=SLOW),  # 3 master lookups: 1.8 of 2 s
+    }
     seen = {}
     for name, (remote, mark) in started.items():
         try:
@@ -113,3 +118,12 @@ def test_a_resolver_whose_answers_fit_connect_timeout_together_passes_start_up(o
     assert code == 10, err[-2000:]  # no master listens: its ports refuse for connect_timeout_s
     assert "not reachable within 3s" in err and "did not resolve" not in err, err[-2000:]
     assert len(asked) >= 4, asked  # the preflight, the lock key, the spawn check, the port polls
+
+
+def test_health_host_is_looked_up_with_its_own_bound(outcomes):
+    """The master's three lookups leave 0.2 s of connect_timeout_s; health_host (the same slow name)
+    still resolves in its own 2 s and binds, so start-up reaches the port poll instead of exit 9."""
+    code, err, asked, _ = outcomes["health"]
+    assert code == 10, err[-2000:]
+    assert "not reachable within 2s" in err and "did not resolve" not in err, err[-2000:]
+    assert len(asked) >= 4, asked  # the three master lookups and health_host's
