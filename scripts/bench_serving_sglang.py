@@ -220,7 +220,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         if quick:
             plan = [("bridge", 1, 2, 4), ("radix", 1, 2, 4), ("bridge", 8, 2, 2), ("radix", 8, 2, 2)]
         else:
-            plan = [("bridge", 1, 6, 200), ("bridge", 64, 6, 10), ("bridge", 512, 4, 4),
+            plan = [("bridge", 1, 6, 200), ("bridge", 64, 6, 10), ("bridge", 512, 6, 4),
                     ("radix", 1, 6, 100), ("radix", 64, 6, 4)]  # fmt: skip
         return {"sglang": [measure(rs, kind, n, reps, steps, control) for kind, n, reps, steps in plan]}
 
