@@ -20,7 +20,7 @@ from ..errors import FLEXKV_INSTALL_HINT
 from .exit_codes import ExitCode, RemoteExit
 from .lock import InstanceLock, prepare_lock_dir
 from .output import say
-from .preflight import PORT_CONNECT_S, apply_gpu_visibility, load_transfer_manager, unreachable_ports
+from .preflight import apply_gpu_visibility, load_transfer_manager, unreachable_ports
 from .spawns import classify_spawns
 from .states import ReadyFile
 
@@ -66,7 +66,7 @@ def _warnings(s: AdapterSettings, lock: InstanceLock, ready_file: ReadyFile | No
             found.append(f"a real start would exit 9: {s.health_host}:{s.health_port} already accepts connections")
     except lookup.LookupTimedOut as exc:
         found.append(f"a real start would exit 9: health_host {s.health_host}: {exc}")
-    failed = unreachable_ports(s.master_host, s.master_ports, PORT_CONNECT_S, within_s=s.connect_timeout_s)
+    failed = unreachable_ports(s.master_host, s.master_ports, within_s=s.connect_timeout_s)
     if failed:
         why = ", ".join(f"{p}: {r}" for p, r in failed.items())
         found.append(f"master {s.master_host} ports not reachable now ({why}); a real start waits connect_timeout_s")

@@ -18,7 +18,6 @@ from ..errors import FLEXKV_INSTALL_HINT
 from .exit_codes import ExitCode, RemoteExit
 
 logger = logging.getLogger(__name__)
-PORT_CONNECT_S = 1.0  # one port's TCP connect (and the name lookup) per poll, at most
 
 
 class StopRequested(Exception):
@@ -151,17 +150,17 @@ def _not_a_transfer_manager(cls: type) -> str:
 
 
 def unreachable_ports(
-    host: str, ports: tuple[int, ...], timeout: float = 1.0, within_s: float | None = None
+    host: str, ports: tuple[int, ...], timeout: float | None = None, within_s: float | None = None
 ) -> dict[int, str]:
     """Ports of ``host`` that do not accept a TCP connection, with the reason. The name is looked up
     once (``create_connection`` would look it up per port, with no bound). Each step waits at most
-    ``timeout`` and, with ``within_s``, the whole call at most ``within_s``: against a master that
-    drops packets every step would otherwise wait its full ``timeout``, past the caller's deadline;
-    a port there is no time left for is reported untried."""
+    ``timeout`` (None: no bound of its own) and, with ``within_s``, the whole call at most ``within_s``: a
+    port there is no time left for is reported untried."""
     end = time.monotonic() + (within_s if within_s is not None else float("inf"))
+    cap = timeout if timeout is not None else float("inf")
 
     def left() -> float:
-        return min(timeout, end - time.monotonic())
+        return min(cap, end - time.monotonic())
 
     try:
         address = ipv4_address(host, max(0.0, left()))
@@ -187,9 +186,10 @@ def wait_for_master(s: AdapterSettings, should_stop: Callable[[float], bool]) ->
     """Wait, with exponential backoff, until the master's three ports accept TCP connections.
 
     ZMQ connects never fail, so without this a wrong address would just hang. ``should_stop``
-    sleeps up to the given seconds and returns True if a signal asked us to stop. No poll runs past
-    ``connect_timeout_s`` (each port's connect and the name lookup get at most what is left), so a
-    master that silently drops packets ends in exit 10 on time, not up to a poll later.
+    sleeps up to the given seconds and returns True if a signal asked us to stop. Each port's connect
+    and the name lookup get what is left of ``connect_timeout_s``, no less and no more: a link whose round
+    trip is longer than any fixed cap still connects (the kernel retransmits a lost SYN within the same
+    connect), and a master that silently drops packets ends in exit 10 on time, not a poll later.
     """
     assert s.master_host is not None
     start, delay = time.monotonic(), 0.1
@@ -198,12 +198,12 @@ def wait_for_master(s: AdapterSettings, should_stop: Callable[[float], bool]) ->
         raise StopRequested
     while True:
         left = deadline - time.monotonic()
-        failed = unreachable_ports(s.master_host, s.master_ports, PORT_CONNECT_S, within_s=max(0.0, left))
+        failed = unreachable_ports(s.master_host, s.master_ports, within_s=max(0.0, left))
         if not failed:
             logger.info("master %s ports %s accept connections", s.master_host, s.master_ports)
             return
         why = ", ".join(f"{p}: {r}" for p, r in failed.items())
-        now = time.monotonic()  # after the poll, which can take up to PORT_CONNECT_S per port
+        now = time.monotonic()  # after the poll, which can take what was left
         remaining = deadline - now
         if remaining <= 0:
             raise RemoteExit(

@@ -8,8 +8,6 @@ drops every further SYN, as a black-holed master does: connects to it only time 
 from __future__ import annotations
 
 import contextlib
-import logging
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -56,12 +54,10 @@ def _never_stop(seconds: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize("per_port_s", [1.0, 0.3])
-def test_a_black_holed_master_ends_in_exit_10_within_connect_timeout(monkeypatch, caplog, per_port_s):
-    """Three ports of ``per_port_s`` each take longer than ``connect_timeout_s``: the poll is cut to fit."""
-    monkeypatch.setattr(preflight, "PORT_CONNECT_S", per_port_s)
-    connect_timeout_s = 1.2 if per_port_s == 1.0 else 1.0  # 3 s resp. 0.9 s per unbounded poll
-    caplog.set_level(logging.INFO, logger=preflight.__name__)
+def test_a_black_holed_master_ends_in_exit_10_within_connect_timeout():
+    """The first port's connect is given what is left of ``connect_timeout_s`` (no fixed cap: a slow link's
+    round trip may be longer than any), so it waits until the deadline and the poll ends in exit 10 on time."""
+    connect_timeout_s = 1.2
     with black_holes(3) as ports:
         start = time.monotonic()
         with pytest.raises(RemoteExit) as raised:
@@ -70,9 +66,7 @@ def test_a_black_holed_master_ends_in_exit_10_within_connect_timeout(monkeypatch
     assert raised.value.code is ExitCode.MASTER_UNREACHABLE
     assert connect_timeout_s - 0.05 <= took <= connect_timeout_s + 0.3, took
     assert "not reachable within" in str(raised.value)
-    logged = [float(m.group(1)) for r in caplog.records if (m := re.search(r"\((\d+\.\d)s of ", r.getMessage()))]
-    if per_port_s == 0.3:  # one full poll (0.9 s) before the deadline: the line says 0.9 s, not 0.0 s
-        assert logged and logged[0] >= 0.85, logged
+    assert f"{ports[1]}: not tried" in str(raised.value)  # the first port had the whole budget
 
 
 def test_each_port_gets_at_most_what_is_left_and_the_rest_is_reported_untried():

@@ -147,3 +147,26 @@ def test_a_link_slower_than_connect_timeout_is_exit_10(deployment: Deployment):
     """Negative control of the slow link: a round trip (2 s, ARP and SYN each one) longer than
     connect_timeout_s, so no connect completes and start_remote exits 10 on time."""
     exit_10_within(deployment, lambda: None, 1.5)
+
+
+_WAIT = """
+import sys, time
+from flexkv_adapter.config.settings import load_settings
+from flexkv_adapter.remote import preflight
+s = load_settings(master_host=sys.argv[1], master_ports=sys.argv[2], nnodes=2, node_rank=1, connect_timeout_s=20)
+t = time.monotonic()
+preflight.wait_for_master(s, lambda w: time.sleep(w) or False)
+print(time.monotonic() - t)
+"""
+
+
+@pytest.mark.link(delay_s=0.6, loss=0.0, seed=SEED)
+def test_the_master_poll_connects_over_a_round_trip_longer_than_a_second(deployment: Deployment):
+    """Each connect is given what is left of connect_timeout_s: with a 1.2 s round trip (a fixed 1 s cap per
+    connect attempt never completed one), the master's ports are reached well before the deadline."""
+    master = deployment.master()
+    master.wait_line("bound")
+    poll = _in(deployment.nodes.b, "-c", _WAIT, deployment.nodes.a.address, ",".join(map(str, deployment.ports)))
+    out, err = poll.communicate(timeout=60)
+    assert poll.returncode == 0, err[-2000:]
+    assert 3 * 1.2 <= float(out) < 20, out  # three connects, each at least one round trip
