@@ -7,7 +7,7 @@ SGLang 0.5.23's real FlexKVRadixCache, pools and allocator (tests/sglang/radix_h
 
 - ``bridge``: a step of ``n`` requests, each a lookup, a retrieve on a hit and a store, then one poll
   of completed stores: through the plugin's ``BridgeConnector`` (``handle=``) against FlexKV's
-  connector called directly with ``rid=``, stepped in turn on the same connector.
+  connector called directly with ``rid=``, stepped in turn, each mode on a connector of its own.
 - ``radix``: the same step through FlexKVRadixCache (match_prefix + init_load_back, checkpoint,
   check_hicache_events, evict) with the plugin's hooks against without them (the hooked methods
   unwrapped on the instance; the bridge stays, as FlexKV cannot be served without it).
