@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# This process's CPU time, not wall time: a step here never waits (TP 1, the stand-in copies in this thread),
+# and on a shared 2-core machine wall time takes in every preemption by another job as if a mode caused it.
+clock = time.process_time
 PAGE, PROMPT, HOT = 16, 48, 32
 LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 8,
@@ -117,7 +120,7 @@ def bridge_step(r: Any, work: Workload, n: int, direct: bool) -> float:
         handle = CacheRequestHandle(rid, 0)
         key = handle_key(handle)
         mask = torch.ones(len(ids), dtype=torch.bool)
-        t0 = time.perf_counter()
+        t0 = clock()
         if direct:
             hit = conn.lookup_kv(token_ids=ids, token_mask=mask, rid=key)[1]
             if hit > 0:
@@ -128,10 +131,10 @@ def bridge_step(r: Any, work: Workload, n: int, direct: bool) -> float:
             if hit > 0:
                 bridge.retrieve_kv(handle, slots[:hit])
             bridge.store_kv(handle, ids, slots)
-        t += time.perf_counter() - t0
-    t0 = time.perf_counter()
+        t += clock() - t0
+    t0 = clock()
     completed = (conn if direct else bridge).check_completed_stores()
-    t += time.perf_counter() - t0
+    t += clock() - t0
     if direct:  # untimed: the bridge's stores FlexKV's own poll took leave the bridge's table, as its poll does
         for key in completed:
             bridge.stores.completed(key)
@@ -156,17 +159,17 @@ def radix_step(r: Any, work: Workload, n: int, hooked: bool) -> float:
     t = 0.0
     for _ in range(n):
         rid, ids = work.next()
-        t0 = time.perf_counter()
+        t0 = clock()
         r.match_and_load(r.request(rid + "m", ids, prompt=PROMPT, allocate=False))
-        t += time.perf_counter() - t0
+        t += clock() - t0
         req = r.request(rid, ids, prompt=PROMPT)
-        t0 = time.perf_counter()
+        t0 = clock()
         r.finish(req)
-        t += time.perf_counter() - t0
-    t0 = time.perf_counter()
+        t += clock() - t0
+    t0 = clock()
     r.cache.check_hicache_events()
     r.evict_all()
-    t += time.perf_counter() - t0
+    t += clock() - t0
     _trim_calls()
     return t
 
@@ -181,19 +184,30 @@ def tables(r: Any) -> dict[str, int]:
 MODES = ("baseline", "plugin")
 
 
-def crossover(means: dict[tuple[str, int], list[float]]) -> tuple[float, float]:
-    """Each mode's figure with the rigs' own speeds cancelled: time = mode x rig, so the geometric mean over
-    the two rigs of each mode's median compares the modes alone (two rigs differed by ~10 % whatever ran)."""
-    base, plug = (math.sqrt(statistics.median(means[m, 0]) * statistics.median(means[m, 1])) for m in MODES)
-    return base, plug
+def crossover(baseline: dict[int, list[float]], ratios: dict[int, list[float]]) -> tuple[float, float]:
+    """The baseline's step time and the plugin's ratio, with the rigs' own speeds cancelled (time = mode x
+    rig): geometric means over the two rigs of the medians. The ratio is the median of paired steps (the
+    modes step in turn, so each pair shares the machine's state: on a shared 2-core machine a round's
+    steps moved by 30 %, the two modes within a pair by a few %)."""
+    base = math.sqrt(statistics.median(baseline[0]) * statistics.median(baseline[1]))
+    return base, math.sqrt(statistics.median(ratios[0]) * statistics.median(ratios[1]))
+
+
+def round_figure(times: list[float]) -> float:
+    """A round's step time: the mean of the medians of its even and its odd steps (at one request a step
+    alternates between a hit and a miss, so a plain median lands on whichever side)."""
+    return statistics.fmean([statistics.median(times[0::2]), statistics.median(times[1::2])])
 
 
 def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control: bool = False) -> dict[str, Any]:
     """The modes on their own rigs (connectors), stepped in turn and swapped every round (``repeats`` even);
     ``control``: both "modes" run the baseline, so the ratio shows what the method itself reads (A/A)."""
+    if repeats < 2 or repeats % 2 or steps < 2:
+        raise ValueError(f"measure: repeats even and >= 2 (each rig runs each mode), steps >= 2: {repeats}, {steps}")
     step = bridge_step if kind == "bridge" else radix_step
     work = {m: Workload(f"{kind}{n}{m}-", base=10**8 * (i + 1)) for i, m in enumerate(MODES)}
-    means: dict[tuple[str, int], list[float]] = {(m, i): [] for m in MODES for i in (0, 1)}
+    baseline: dict[int, list[float]] = {0: [], 1: []}  # by the baseline's rig: its rounds' figures
+    ratios: dict[int, list[float]] = {0: [], 1: []}  # by the plugin's rig: plugin / baseline, step by step
     for rep in range(repeats + 1):
         on = {"baseline": rep % 2, "plugin": 1 - rep % 2}
         times: dict[str, list[float]] = {m: [] for m in MODES}
@@ -204,14 +218,15 @@ def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control:
                 plugin = m == "plugin" and not control
                 times[m].append(step(rs[on[m]], work[m], n, not plugin if kind == "bridge" else plugin))
         gc.enable()
-        if rep:  # the first round warms up; a round's mean, as a step alternates between a hit and a miss at 1
-            for m in MODES:
-                means[m, on[m]].append(statistics.fmean(times[m]))
+        if rep:  # the first round warms up; both workloads alternate hit and miss in step, so a pair is alike
+            baseline[on["baseline"]].append(round_figure(times["baseline"]))
+            ratios[on["plugin"]] += [p / b for p, b in zip(times["plugin"], times["baseline"], strict=True)]
     for r in rs:
         hooks(r, True)
-    base, plug = (v * 1e6 for v in crossover(means))
+    base, ratio = crossover(baseline, ratios)
+    base, plug = base * 1e6, base * ratio * 1e6
     row = {"what": kind, "requests": n, "baseline_us": round(base, 2), "plugin_us": round(plug, 2),
-           "ratio": round(plug / base, 3), "added_us": round(plug - base, 2), "repeats": repeats,
+           "ratio": round(ratio, 3), "added_us": round(plug - base, 2), "repeats": repeats,
            "steps_per_repeat": steps, "plugin_tables_at_end": [tables(r) for r in rs]}  # fmt: skip
     print(f"sglang {row}", file=sys.stderr, flush=True)
     return row
