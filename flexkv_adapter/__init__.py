@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .model.views import MHAView, MLAView, PoolView
     from .pipeline.adapting import adapt
     from .pipeline.align import align_across_ranks, align_block_counts
-    from .pipeline.options import AdaptOptions
+    from .readers.options import AdaptOptions
     from .readers.recognize import register_attribute_names, unregister_attribute_names
 
 _EXPORTS = {
@@ -54,7 +54,7 @@ _EXPORTS = {
     "FlexKVPlan": "flexkv.plan",
     "plan": "flexkv.plan",
     "register": "flexkv.register",
-    "AdaptOptions": "pipeline.options",
+    "AdaptOptions": "readers.options",
     "register_attribute_names": "readers.recognize",
     "unregister_attribute_names": "readers.recognize",
     "Report": "model.report",

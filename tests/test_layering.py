@@ -18,13 +18,12 @@ RANKS = {
     "model": 2,
     "readers": 3,
     "gate": 4,
-    "hybrid": 5,
-    "pipeline": 6,
-    "flexkv": 7,
-    "integrations": 8,
-    "remote": 8,
-    "cli": 9,
-    "__main__": 10,
+    "pipeline": 5,
+    "flexkv": 6,
+    "integrations": 7,
+    "remote": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 FACE = "flexkv_adapter"  # __init__.py: __version__ and lazy re-exports only; importing nothing, it ranks nowhere
 
@@ -114,7 +113,7 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 @pytest.mark.parametrize(
     ("module", "target", "wrong"),
     [
-        ("flexkv_adapter.readers.containers", "flexkv_adapter.pipeline.options", True),  # up
+        ("flexkv_adapter.readers.containers", "flexkv_adapter.pipeline.metadata", True),  # up
         ("flexkv_adapter.integrations.vllm", "flexkv_adapter.remote.lock", True),  # sideways, one rank
         ("flexkv_adapter.pipeline.build", "flexkv_adapter.gate", False),
         ("flexkv_adapter.readers.recognize", "flexkv_adapter.readers.containers", False),

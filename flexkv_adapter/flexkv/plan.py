@@ -34,10 +34,10 @@ from ..model.axes import format_axes, parse_axes
 from ..model.layout import Geometry, Interpretation
 from ..model.views import MHAView, PoolView
 from ..pipeline.adapting import adapt_source, hybrid_markers, recognise
-from ..pipeline.build import layer_ids_of
 from ..pipeline.carve import Planes, check_consistent
-from ..pipeline.options import AdaptOptions, resolve_geometry, validate_options
+from ..pipeline.metadata import layer_ids_of, resolve_geometry
 from ..readers.containers import Located
+from ..readers.options import AdaptOptions, validate_options
 from ..readers.planes import carries_planes
 from ..readers.sources import Source, locate_source
 from ..readers.vllm_layout import is_vllm_dict

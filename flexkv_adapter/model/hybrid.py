@@ -1,7 +1,7 @@
 """The records a hybrid wrapper and a pool offloaded whole are described by, and the errors that refuse them.
 
 Below both their reader (:mod:`~flexkv_adapter.readers.wrappers`) and the policy
-(:mod:`~flexkv_adapter.hybrid.policy`), so each uses them without importing the other.
+(:func:`~flexkv_adapter.pipeline.build.apply_policy`), so each uses them without importing the other.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ HybridMode = Literal["error", "attention_only"]
 
 # Tables SGLang derives from the planes (pointer and stride arrays for its kernels): not state.
 DERIVED = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides", "kv_data_ptrs"})
-# Layer ids (read as ids by readers.wrappers and pipeline.build): metadata, not page-indexed state.
+# Layer ids (read as ids by readers.wrappers and pipeline.metadata): metadata, not page-indexed state.
 LAYER_METADATA = frozenset(
     {
         "model_layer_ids",

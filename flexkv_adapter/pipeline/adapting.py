@@ -22,19 +22,19 @@ from ..errors import (
     UnsupportedPoolError,
     describe,
 )
-from ..hybrid.policy import apply_policy
 from ..model.axes import parse_axes
 from ..model.hybrid import SideGroup
 from ..model.layout import Geometry, Interpretation, ViewKind
 from ..model.views import MLAView, PoolView
 from ..readers.containers import Located, probe, probe_path
+from ..readers.options import AdaptOptions, validate_options
 from ..readers.recognize import candidates, declared_axes, locate, mismatch, vllm_twin_of
 from ..readers.sources import Source, locate_source
 from ..readers.vllm_layout import ONE_HEAD_FIX, read_geometry, resolve_kind, vllm_form
 from ..readers.wrappers import plane_groups, scale_groups
-from .build import build_view, mapped_layer_ids, named_sub_pool_ids
+from .build import apply_policy, build_view
 from .carve import Planes, apply_declared_shape, flat_views, logical_views, rows_heads_dim, signature
-from .options import AdaptOptions, resolve_geometry, validate_options
+from .metadata import mapped_layer_ids, named_sub_pool_ids, resolve_geometry
 
 logger = logging.getLogger(__name__)
 

@@ -4,9 +4,11 @@ Every source ends here (a pool, a spec or plugin reading, a hybrid's attention s
 dict), so a rule added here applies to all of them; :data:`RULES` names the rules, in order, for the
 tests that prove each one reaches every source.
 
-The layers' global ids come from ``layer_ids=``, a dict's names, ``model_layer_ids`` or ``start_layer``
-(:func:`layer_ids_of`), or from a hybrid wrapper's mapping (:func:`mapped_layer_ids`). Each source that is
-present must agree with the others; a contradiction is an error, never a silent choice.
+The layers' global ids come from the pool's metadata (:func:`~.metadata.layer_ids_of`). The view then takes
+the hybrid policy (:func:`apply_policy`): what a pool keeps beside its KV is offloaded whole as FlexKV layer
+groups when its planes share the KV's page ids, and otherwise refused by name (:class:`HybridPoolError`) unless
+``hybrid="attention_only"``; :func:`~flexkv_adapter.adapt` and :func:`~flexkv_adapter.flexkv.plan` both reach
+that one decision here.
 """
 
 from __future__ import annotations
@@ -17,18 +19,16 @@ from dataclasses import replace
 
 import torch
 
-from ..config.integers import read_integer_list
-from ..errors import AdapterError, AmbiguousLayoutError, InconsistentLayersError, describe
+from ..errors import AdapterError, UnsupportedPoolError, describe
 from ..gate import Group, admit
 from ..model.axes import Axis
-from ..model.hybrid import HybridStructure
+from ..model.hybrid import HybridMode, HybridPoolError, PartialPoolError, SideGroup, WholePool
 from ..model.layout import Geometry, Interpretation
 from ..model.report import Report
 from ..model.views import MHAView, MLAView, PoolView
-from ..readers.containers import Container, Located, attr_owners, layer_index_from_name, probe, probe_int
+from ..readers import planes as pool_planes
+from ..readers.containers import Located, probe
 from ..readers.recognize import reading_text
-from ..readers.sources import check_wrapper_page_size
-from ..readers.wrappers import detect
 from ..text import short_repr
 from .carve import (
     Planes,
@@ -39,8 +39,11 @@ from .carve import (
     reinterpret,
     trim_rows,
 )
+from .metadata import layer_ids_of
 
 logger = logging.getLogger(__name__)
+# The policy's messages keep the logger name they have always had: demo --json shows it, a logging setup may name it.
+policy_logger = logging.getLogger("flexkv_adapter.hybrid.policy")
 
 #: The rules :func:`build_view` applies, by the function that applies each.
 RULES = (
@@ -150,152 +153,83 @@ def build_view(pool: object, located: Located, interp: Interpretation, logical: 
     return MHAView(planes["k"], planes["v"], **common)  # type: ignore[arg-type]
 
 
-def layer_ids_of(pool: object, located: Located, count: int, geometry: Geometry) -> list[int]:
-    """Global layer ids, in the order of the views.
+def resolve_mode(mode: str | None) -> HybridMode:
+    if mode is None:
+        from ..config.settings import load_settings
 
-    A dict's ``layer_ids=`` are given in the dict's order; when its names give ids too, the two
-    must agree. ``start_layer`` does not apply to a dict (its names, or ``layer_ids=``, give ids).
-    """
-    # the ids in names, from K or V (pairing_problem made sure that both give the same, or one none)
-    container: Container = next((c for c in located.containers if c.layer_ids), located.containers[0])
+        return load_settings().hybrid
+    if mode not in ("error", "attention_only"):
+        raise UnsupportedPoolError(f"hybrid must be 'error' or 'attention_only', got {short_repr(mode)}")
+    return mode  # type: ignore[return-value]
+
+
+def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[SideGroup], mode: str | None) -> PoolView:
+    """Offload whole what FlexKV's layer groups can address; otherwise refuse (default) or go attention-only."""
+    try:
+        whole = pool_planes.describe(pool, view, admit)
+    except PartialPoolError as exc:
+        if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
+            return _kv_alone(view, f"{', '.join(pool_planes.carried_planes(pool))} ({exc})")
+        if not groups or resolve_mode(mode) != "attention_only":
+            raise HybridPoolError(str(exc)) from exc
+        whole = None  # a refused row: attention_only keeps its meaning
+    covered = {t.data_ptr() for p in whole.planes for t in p.tensors} if whole is not None else set()
+    if whole is not None and all(g.tensors and {t.data_ptr() for t in g.tensors} <= covered for g in groups):
+        return _offload_whole(view, pool, whole, bool(groups), mode)
+    if not groups:
+        return view
+    excluded = tuple((lid, f"{g.name}: {g.reason}") for g in groups for lid in g.layer_ids)
+    described = "; ".join(g.describe() for g in groups)
+    left_out = sorted({lid for g in groups for lid in g.layer_ids})
     name = type(pool).__name__
-    if container.keyed and "start_layer" in geometry.given:
-        raise AdapterError(
-            f"{name}: start_layer= does not apply to a dict of layers: the names give the ids"
-            f"{f' {list(container.layer_ids)}' if container.layer_ids else ''}; pass layer_ids=[...] "
-            f"in the dict's order instead"
+    if resolve_mode(mode) != "attention_only":
+        raise HybridPoolError(
+            f"{name} is a hybrid pool ({family}): FlexKV would receive only the attention layers "
+            f"{list(view.layer_ids)}. Not offloaded: {described}. Layers {left_out} would be restored without "
+            f"that state, so a prefix hit would compute on missing or stale data. To offload the attention "
+            f"layers anyway, pass adapt(pool, hybrid='attention_only') or set FLEXKV_ADAPTER_HYBRID=attention_only."
         )
-    given = geometry.layer_ids
-    if given is not None and len(given) != count:
-        raise AdapterError(f"layer_ids has {len(given)} entries but the pool has {count} layers")
-    if given is not None and container.dict_order is not None:
-        given = tuple(given[i] for i in container.dict_order)  # the dict's order -> the views' order
-        if container.layer_ids is not None and given != container.layer_ids:
-            raise InconsistentLayersError(
-                f"{name}: layer_ids={list(geometry.layer_ids or ())} (in the dict's order) contradicts the layer "
-                f"indices in the names ({list(container.layer_ids)} in index order); drop layer_ids or fix the names"
-            )
-        if container.layer_ids is None and container.names is not None:  # partly named: those names must agree
-            names_layer_ids(container.names, given, name)
-    model_ids = owners_model_ids(pool, geometry.attrs, count)
-    if given is not None:
-        _agree(name, f"layer_ids={list(given)}", list(given), model_ids)
-        return list(given)
-    if container.ids_problem:
-        raise AmbiguousLayoutError(f"{name}: {container.ids_problem}")
-    if container.layer_ids is not None:
-        return list(container.layer_ids)
-    if model_ids is not None:
-        if "start_layer" in geometry.given:
-            start = geometry.start_layer
-            _agree(name, f"start_layer={start}", list(range(start, start + count)), model_ids)
-        return model_ids
-    return list(range(geometry.start_layer, geometry.start_layer + count))
+    policy_logger.warning(
+        "%s (%s): offloading attention layers %s only; not offloaded: %s", name, family, list(view.layer_ids), described
+    )
+    report = replace(
+        view.report,
+        source_kind=name,
+        recognizer=f"{family}/{view.report.recognizer}",
+        excluded_layers=excluded,
+        side_groups=tuple(g.describe() for g in groups),
+        warnings=(*view.report.warnings, f"attention layers only: {len(groups)} side group(s) not offloaded"),
+    )
+    return view.rebuild(source=pool, side_groups=tuple(groups), report=report)
 
 
-def names_layer_ids(names: Sequence[object], given: Sequence[int] | None, where: str) -> list[int]:
-    """Layer ids of a dict's entries in the dict's order: from ``layer_ids=`` or the names, which must agree.
-
-    An entry whose name holds no layer index (``mtp.attn``) is never labelled by its position: without
-    ``layer_ids=`` that is an AmbiguousLayoutError, as for any other dict.
-    """
-    parsed = [layer_index_from_name(n) for n in names]
-    if given is not None:
-        if len(given) != len(names):
-            raise AdapterError(f"{where}: layer_ids has {len(given)} entries but the dict has {len(names)} layers")
-        if clash := [(n, p, g) for n, p, g in zip(names, parsed, given) if p is not None and p != g]:
-            name, index, wanted = clash[0]
-            raise InconsistentLayersError(
-                f"{where}: layer_ids={short_repr(list(given))} (in the dict's order) contradicts the names: "
-                f"{short_repr(name)} holds layer {index}, not {wanted}; drop layer_ids or fix the names"
-            )
-        return list(given)
-    if any(p is None for p in parsed) or len(set(parsed)) != len(parsed):
-        unnamed = [short_repr(n) for n, p in zip(names, parsed) if p is None][:3]
-        raise AmbiguousLayoutError(
-            f"{where}: cannot take one distinct layer index from each name ({', '.join(unnamed) or 'repeated'}"
-            f"{' hold none' if unnamed else ''}); pass layer_ids=[...] in the dict's order"
+def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool, mode: str | None) -> PoolView:
+    """The only exact choice for these pools; ``hybrid=`` may only refuse it, naming why."""
+    name, what = type(pool).__name__, ", ".join(p.name for p in whole.planes)
+    if mode == "attention_only":
+        raise HybridPoolError(
+            f"{name} can be offloaded whole: {what} share the KV's page ids and register as FlexKV layer groups "
+            f"(plan(view).flexkv_layer_groups()). hybrid='attention_only' would register the KV alone, and a "
+            f"prefix hit would restore it without them. Drop hybrid= (offloading whole is the default)"
         )
-    return parsed  # type: ignore[return-value]
-
-
-def owners_model_ids(pool: object, attrs: tuple[str, ...] | None, count: int) -> list[int] | None:
-    """``model_layer_ids`` of the object(s) holding the named tensors
-    (:func:`~flexkv_adapter.readers.containers.attr_owners`, the one owner rule metadata is read by too); two
-    owners that disagree are an error."""
-    found = [(p, ids) for p, owner in attr_owners(pool, attrs) if (ids := _model_layer_ids(owner, count)) is not None]
-    if len({tuple(ids) for _, ids in found}) > 1:
-        shown = "; ".join(f"{p or 'pool'}.model_layer_ids={short_repr(ids)}" for p, ids in found)
-        raise InconsistentLayersError(f"{type(pool).__name__}: the attrs= owners disagree: {shown}")
-    return found[0][1] if found else None
-
-
-def _model_layer_ids(pool: object, count: int) -> list[int] | None:
-    """SGLang's ``model_layer_ids``: the global ids of this pool's layers, if it has them."""
-    model_ids = probe(pool, "model_layer_ids")
-    if model_ids is None:
-        return None
-    where = f"{type(pool).__name__}.model_layer_ids"
-    ids = read_integer_list(model_ids, where, InconsistentLayersError)  # numpy/torch 1-D arrays too
-    if len(ids) != count or len(set(ids)) != count:
-        raise InconsistentLayersError(
-            f"{where}={short_repr(model_ids, 200)}: expected {count} distinct layer ids (integers), one per layer"
+    if mode == "error" and listed:  # asked for the KV alone (a caller that registers only the KV buffers)
+        raise HybridPoolError(
+            f"{name} ({whole.family}) keeps {what} beside its KV; hybrid='error' asks for the KV alone, which "
+            f"would restore prefixes without them. Drop hybrid= to offload it whole through FlexKV's layer groups"
         )
-    return ids
+    if mode == "error":  # DSA: FlexKV's connectors read the indexer from the pool themselves
+        return _kv_alone(view, what)
+    admit(repr(view), whole.groups(view), blocks=view.num_blocks, page=view.page_size)  # the group rules, no tp
+    policy_logger.info("%s: %s", name, whole.describe())
+    report = replace(view.report, source_kind=name, notes=(*view.report.notes, whole.describe()))
+    return view.rebuild(source=pool, whole=whole, report=report)
 
 
-def compact_default(sub: object, count: int) -> bool:
-    """Whether ``sub.model_layer_ids`` is SGLang's compact default ``range(start_layer, start_layer + n)``.
-
-    SGLang 0.5.23 patches the wrapper's ids onto an MHA child only (``memory_pool.py``, "Only the hybrid
-    root knows the model IDs of its compact child"); an MLA child keeps this default, which says nothing
-    about where its layers sit in the model: the wrapper's mapping is the truth there.
-    """
-    start = probe_int(sub, "start_layer") or 0
-    ids = _model_layer_ids(sub, count)
-    return ids is None or ids == list(range(start, start + count))
-
-
-def _agree(name: str, option: str, ids: list[int], model_ids: list[int] | None) -> None:
-    if model_ids is not None and ids != model_ids:
-        raise InconsistentLayersError(
-            f"{name}: option {option} gives layers {ids} but {name}.model_layer_ids is {model_ids}; "
-            f"drop the option or fix the pool"
-        )
-
-
-def mapped_layer_ids(pool: object, structure: HybridStructure, view: PoolView, options: set[str]) -> PoolView:
-    """The view labelled with the wrapper's layer mapping (view and report alike).
-
-    ``layer_ids=``/``start_layer=`` or the sub-pool's own ``model_layer_ids`` must agree with it.
-    """
-    if structure.layer_ids is None:
-        return view
-    mapped, name = list(structure.layer_ids), type(pool).__name__
-    if len(mapped) != len(view.layer_ids):
-        raise InconsistentLayersError(
-            f"{name}: its layer mapping names {len(mapped)} attention layers "
-            f"{mapped} but {structure.primary_attr} holds {len(view.layer_ids)}"
-        )
-    explicit = sorted({"layer_ids", "start_layer"} & options)
-    if not compact_default(structure.primary, len(mapped)):
-        explicit.append(f"{structure.primary_attr}.model_layer_ids")
-    if explicit and view.layer_ids != mapped:
-        raise InconsistentLayersError(
-            f"{name}: {', '.join(explicit)} give layers {view.layer_ids} but the wrapper's layer mapping puts "
-            f"{structure.primary_attr}'s layers at {mapped}; drop the option or fix the mapping"
-        )
-    return view.rebuild(layer_ids=mapped, report=replace(view.report, layer_ids=tuple(mapped)))
-
-
-def named_sub_pool_ids(pool: object, attrs: Sequence[str], view: PoolView, options: set[str]) -> PoolView:
-    """Explicit attrs into one sub-pool of a hybrid wrapper: its layers' ids come from the wrapper's mapping."""
-    owners = {a.rpartition(".")[0] for a in attrs}
-    owner = owners.pop() if len(owners) == 1 else ""
-    structure = detect(pool) if owner in ("full_kv_pool", "swa_kv_pool", "main_pool") else None
-    ids = tuple(g for g, attr, _ in structure.backing if attr == owner) if structure else ()
-    if structure is None or not ids:
-        return view
-    sub = replace(structure, primary_attr=owner, primary=probe(pool, owner), layer_ids=ids)
-    check_wrapper_page_size(pool, sub)  # the same rule as for the unwrapped wrapper (readers.sources.locate_source)
-    return mapped_layer_ids(pool, sub, view, options)
+def _kv_alone(view: PoolView, left_out: str) -> PoolView:
+    """hybrid="error" on a pool with planes: the KV alone, for a connector that reads the rest itself. Its
+    report says so; plan() and register() refuse it (:func:`~flexkv_adapter.flexkv.groups.check_not_partial`)."""
+    note = (
+        f"hybrid='error': the KV alone; not included: {left_out}. FlexKV's SGLang connector reads that from the "
+        f"pool itself; plan() and register() refuse this view"
+    )
+    return view.rebuild(report=replace(view.report, notes=(*view.report.notes, note)))

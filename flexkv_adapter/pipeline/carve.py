@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from itertools import pairwise
 from math import prod
 
 import torch
@@ -28,8 +27,8 @@ from ..model.axes import Axis, format_axes
 from ..model.copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, base_alignment
 from ..model.layout import Geometry, Interpretation, Plane
 from ..readers.containers import Located
+from ..readers.options import AdaptOptions
 from ..readers.recognize import plane_sources
-from .options import AdaptOptions
 
 Planes = dict[Plane, list[torch.Tensor]]
 
@@ -238,33 +237,6 @@ def aliased_bytes(planes: Planes, sources: Sequence[torch.Tensor]) -> tuple[int,
             else:
                 copied += nbytes
     return aliased, copied
-
-
-def overlapping_layers(planes: Planes) -> list[str]:
-    """Exposed tensors whose byte ranges overlap (shared layers, MLA V inside K).
-
-    Such views must cover the same rows: an overlap that shifts one view's rows against the other's
-    (``k[1]`` starting a page into ``k[0]``) makes FlexKV's restore of a block of one overwrite another
-    block of the other, one it was never asked to touch: InconsistentLayersError.
-    """
-    ranges = sorted(
-        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), f"{plane}[{i}]", t)
-        for plane, views in planes.items()
-        for i, t in enumerate(views)
-    )
-    for n, (start, end, name, t) in enumerate(ranges):
-        for other_start, _, other, u in ranges[n + 1 :]:
-            if other_start >= end:
-                break
-            row, delta = t.stride(0) * t.element_size(), other_start - start
-            if u.stride(0) * u.element_size() != row or delta >= row or t.shape[0] != u.shape[0]:
-                raise InconsistentLayersError(
-                    f"{name} and {other} overlap with their rows shifted ({delta} bytes apart, rows of "
-                    f"{row} and {u.stride(0) * u.element_size()} bytes): restoring a block of one would overwrite "
-                    f"another block of the other. Layers may share bytes only row for row (the same tensor, or "
-                    f"V inside K's rows); expose each layer's own memory"
-                )
-    return [f"{a[2]} overlaps {b[2]}" for a, b in pairwise(ranges) if b[0] < a[1]]
 
 
 def trim_rows(planes: Planes, rows: int) -> Planes:

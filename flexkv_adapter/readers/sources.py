@@ -18,6 +18,7 @@ import torch
 from ..errors import AdapterError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError
 from ..model.hybrid import HybridStructure
 from .containers import addresses, probe, probe_int
+from .options import validate_options
 from .plugins import plugin_spec
 from .spec import load_spec, merge_spec_options
 from .vllm_detect import is_vllm_dict
@@ -64,13 +65,22 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
         _check_same_sub_pool(pool, structure)
         check_wrapper_page_size(pool, structure)
         check_kind(pool, structure, given.get("kind"))
+        given, page_size = _checked(given, page_size)
         return Source(pool, structure.primary, given, page_size, label, mode, structure)
     if spec_source is None and not given.get("attrs") and given.get("axes") is None:
         found = plugin_spec(pool)
         if found is not None:
             given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
+    given, page_size = _checked(given, page_size)
     return Source(pool, pool, given, page_size, label, mode)
+
+
+def _checked(given: dict[str, Any], page_size: int | None) -> tuple[dict[str, Any], int | None]:
+    """The record's options and page size in their checked form: a spec's or plugin's fields pass the same
+    rule as the caller's options (checked again, unchanged), last, as the geometry step used to check them."""
+    checked = validate_options(given, page_size)
+    return checked, checked.pop("page_size", None)
 
 
 def _check_same_sub_pool(pool: object, structure: HybridStructure) -> None:

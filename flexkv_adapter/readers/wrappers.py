@@ -12,7 +12,8 @@ attention sub-pool, its global layer ids, and every other state (SWA layers, Mam
 scale planes) as zero-copy :class:`~flexkv_adapter.model.hybrid.SideGroup` s. The layer metadata
 (``layers_mapping``, id mappings, ``model_layer_ids``) is read here once, through the one integer rule
 (:mod:`~flexkv_adapter.config.integers`): bools, floats, negatives and two keys that read as one id are
-malformed metadata. What to do with the state FlexKV does not receive is :mod:`flexkv_adapter.hybrid`'s.
+malformed metadata. What to do with the state FlexKV does not receive is the hybrid policy's
+(:func:`~flexkv_adapter.pipeline.build.apply_policy`).
 """
 
 from __future__ import annotations

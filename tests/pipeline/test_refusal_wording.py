@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError, AmbiguousLayoutError, NotAddressableError, UnsupportedPoolError, adapt, plan
-from flexkv_adapter.pipeline.options import KNOWN_OPTIONS
+from flexkv_adapter.readers.options import KNOWN_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = sorted(KNOWN_OPTIONS | {"page_size"})

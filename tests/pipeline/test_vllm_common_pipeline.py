@@ -21,7 +21,7 @@ from flexkv_adapter import (
     adapt,
 )
 from flexkv_adapter.pipeline.adapting import recognise
-from flexkv_adapter.pipeline.options import resolve_geometry
+from flexkv_adapter.pipeline.metadata import resolve_geometry
 from flexkv_adapter.readers.vllm_layout import LAYOUTS, vllm_form, vllm_twin
 
 from ..helpers import SGLangLikeMHAPool
@@ -101,8 +101,14 @@ def test_every_rule_of_the_common_builder_runs_for_a_vllm_dict(rule, monkeypatch
 
 
 def test_the_rule_list_names_every_check_the_builder_calls():
-    """A check added to build_view (from carve, the builder or the gate) joins RULES, so the test above covers it."""
-    modules = ("flexkv_adapter.pipeline.carve", "flexkv_adapter.pipeline.build", "flexkv_adapter.gate")
+    """A check added to build_view (from carve, the builder, the metadata or the gate) joins RULES, so the test
+    above covers it."""
+    modules = (
+        "flexkv_adapter.pipeline.carve",
+        "flexkv_adapter.pipeline.build",
+        "flexkv_adapter.pipeline.metadata",
+        "flexkv_adapter.gate",
+    )
     called = {
         name
         for name in build.build_view.__code__.co_names

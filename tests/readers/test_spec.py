@@ -131,3 +131,21 @@ def test_dtype_in_a_spec_reinterprets():
     pool = SimpleNamespace(kv_cache=[torch.zeros(32, 1, 8, dtype=torch.uint8)], page_size=16)
     view = adapt(pool, spec={"name": "fp8", "attrs": ["kv_cache"], "axes": "N H D", "dtype": "float8_e4m3fn"})
     assert view.dtype == torch.float8_e4m3fn
+
+
+def test_a_spec_field_is_refused_by_the_option_rule_before_the_pool_is_read_by_adapt_and_plan():
+    """A spec's ``layer_ids`` naming a layer twice is refused by the option rule first, by adapt() and plan() alike,
+    before a pool attribute that raises is read (plan() used to read the pool's planes first)."""
+
+    class Raising(SimpleNamespace):
+        @property
+        def index_k_with_scale_buffer(self) -> None:
+            raise RuntimeError("boom")
+
+    pool = Raising(k_buffer=[distinct((32, 2, 8))] * 2, v_buffer=[distinct((32, 2, 8))] * 2, page_size=16)
+    spec = {"name": "s", "attrs": ["k_buffer", "v_buffer"], "axes": "N H D", "layer_ids": [0, 1]}
+    with pytest.raises(AdapterError, match="raised RuntimeError when read"):  # control: the pool's own fault
+        plan(pool, spec=spec, tp_size=1)
+    for call in (adapt, lambda p, **o: plan(p, tp_size=1, **o)):
+        with pytest.raises(AdapterError, match="names a layer twice"):
+            call(pool, spec={**spec, "layer_ids": [0, 0]})
