@@ -188,7 +188,8 @@ class BridgeConnector:
         """FlexKV's task id, or -1 (nothing stored: SGLang unlocks the node); a failed launch's put is cancelled."""
         if self.stale:
             return -1
-        key, extra = self.stores.key(handle, self._key(handle)), self._req_id("store_kv", handle)
+        base = self._key(handle)
+        key, extra = self.stores.key(handle, base), self._req_id("store_kv", handle)
         tid, error = -1, None
         seen = self._watch()
         try:
@@ -199,7 +200,7 @@ class BridgeConnector:
         worst, best = self.agreement.min([int(error is None), -int(error is None)])
         if error is None:
             if tid >= 0:
-                self.stores.started(handle, key, self.radix)
+                self.stores.started(handle, key, self.radix, base)
             return tid
         if worst != -best:  # another rank's FlexKV tracks this store and its copy reads this rank's slots too
             raise AdapterError(f"{PREFIX}: FlexKV's store of {key!r} started on some TP ranks only: {error}") from error

@@ -33,7 +33,7 @@ def status_of(response: Any) -> str:
     return str(value).lower() if value is not None else "missing"
 
 
-@dataclass
+@dataclass(slots=True)
 class Seen:
     """What FlexKV's KVManager did during one bridge call (leader only)."""
 
@@ -100,7 +100,7 @@ class Agreement:
 
     def min(self, values: list[int]) -> list[int]:
         if not self.active or not values:
-            return list(values)
+            return values  # the callers' own fresh lists: nothing to copy
         import torch.distributed as dist
 
         tensor = torch.tensor(values, dtype=torch.int64)

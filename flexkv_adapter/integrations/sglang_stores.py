@@ -19,39 +19,47 @@ from typing import Any
 
 @dataclass
 class StoreKeys:
-    """FlexKV key -> the SGLang handle its completion reports; per handle, its stores in flight (oldest first)."""
+    """FlexKV key -> the SGLang handle its completion reports; per handle, its stores in flight (oldest first).
+
+    The tables are keyed by strings (a handle's own key, injective, :func:`.sglang_resolve.handle_key`): a
+    string's hash is cached, while SGLang's frozen-dataclass handle hashes in Python on every lookup.
+    """
 
     reports: dict[str, Any] = field(default_factory=dict)
-    owner: dict[str, Any] = field(default_factory=dict)  # key -> the request's own handle
-    by_handle: dict[Any, list[str]] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)  # key -> its handle's own key
+    by_handle: dict[str, list[str]] = field(default_factory=dict)  # a handle's own key -> its stores' keys
     count: int = 0
 
     def key(self, handle: Any, base: str) -> str:
         """``base`` (the handle's key) for the only store of a handle, else ``base#store<n>``."""
         self.count += 1
-        return base if handle not in self.by_handle else f"{base}#store{self.count}"
+        return base if base not in self.by_handle else f"{base}#store{self.count}"
 
-    def started(self, handle: Any, key: str, radix: Any) -> None:
+    def started(self, handle: Any, key: str, radix: Any, base: str) -> None:
         """A store FlexKV tracks: an earlier store of an equal handle keeps its SGLang lock under its own handle."""
-        earlier = self.by_handle.get(handle, [])
-        if earlier and radix is not None:
-            shadow = type(handle)(rid=f"{handle.rid}\x00{earlier[-1]}", attempt_id=handle.attempt_id)
-            with radix._node_lock:
-                node = radix._inflight_store_nodes.pop(handle, None)
-                if node is not None:
-                    radix._inflight_store_nodes[shadow] = node
-            self.reports[earlier[-1]] = shadow
-        self.by_handle.setdefault(handle, []).append(key)
-        self.reports[key] = self.owner[key] = handle
+        earlier = self.by_handle.get(base)
+        if earlier is None:
+            self.by_handle[base] = [key]
+        else:
+            if radix is not None:
+                shadow = type(handle)(rid=f"{handle.rid}\x00{earlier[-1]}", attempt_id=handle.attempt_id)
+                with radix._node_lock:
+                    node = radix._inflight_store_nodes.pop(handle, None)
+                    if node is not None:
+                        radix._inflight_store_nodes[shadow] = node
+                self.reports[earlier[-1]] = shadow
+            earlier.append(key)
+        self.reports[key] = handle
+        self.owner[key] = base
 
     def completed(self, key: str) -> Any:
         """The handle SGLang unlocks for ``key`` (None for a key this table never saw)."""
-        handle, real = self.reports.pop(key, None), self.owner.pop(key, None)
-        keys = self.by_handle.get(real, [])
-        if key in keys:
+        handle, base = self.reports.pop(key, None), self.owner.pop(key, None)
+        keys = self.by_handle.get(base, []) if base is not None else []
+        if base is not None and key in keys:
             keys.remove(key)
             if not keys:
-                del self.by_handle[real]
+                del self.by_handle[base]
         return handle
 
     def clear(self) -> None:

@@ -41,7 +41,7 @@ def test_every_completion_unlocks_its_own_node(steps, rid):
             key = keys.key(handle, handle_key(handle))
             assert key not in [k for k, _ in inflight]  # FlexKV's _inflight_stores never overwritten
             node = object()
-            keys.started(handle, key, radix)
+            keys.started(handle, key, radix, handle_key(handle))
             radix._inflight_store_nodes[handle] = node  # what SGLang's checkpoint does next (:440-441)
             inflight.append((key, node))
         elif inflight:
@@ -55,14 +55,14 @@ def test_every_completion_unlocks_its_own_node(steps, rid):
 
 def test_negative_control_without_moving_the_earlier_lock_the_first_completion_unlocks_the_second_node():
     class Unmoved(StoreKeys):
-        def started(self, handle, key, radix):  # broken on purpose: the earlier store's lock stays under the handle
-            super().started(handle, key, None)
+        def started(self, handle, key, radix, base):  # broken on purpose: the earlier lock stays under the handle
+            super().started(handle, key, None, base)
 
     keys, handle = Unmoved(), Handle("r", 0)
     radix = SimpleNamespace(_inflight_store_nodes={}, _node_lock=threading.Lock())
     first, second = object(), object()
     for node in (first, second):
         key = keys.key(handle, handle_key(handle))
-        keys.started(handle, key, radix)
+        keys.started(handle, key, radix, handle_key(handle))
         radix._inflight_store_nodes[handle] = node
     assert radix._inflight_store_nodes.get(keys.completed("r@attempt0")) is second  # the wrong node: first leaks
