@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from flexkv_adapter import AdapterError, adapt, gate
 from flexkv_adapter.flexkv import plan
 
-from ..hybrid.test_whole_geometry import dsa_like, mla_fp4_like
+from ..pipeline.test_hybrid_whole_geometry import dsa_like, mla_fp4_like
 from .real_flexkv import needs_flexkv
 from .whole_pools import roundtrip
 

@@ -22,7 +22,7 @@ from flexkv_adapter.flexkv import plan
 
 from ..hybrid_agreement import agreement, is_documented_asymmetry, outcome, tensors_key
 from ..strategies.hybrids import HOSTILE_IDS, hybrid_pools
-from .test_whole_geometry import mla_fp4_like
+from .test_hybrid_whole_geometry import mla_fp4_like
 
 SOME = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,1 +1,0 @@
-"""Tests of flexkv_adapter/hybrid."""
