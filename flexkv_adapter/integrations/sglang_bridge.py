@@ -189,7 +189,7 @@ class BridgeConnector:
         if self.stale:
             return -1
         base = self._key(handle)
-        key, extra = self.stores.key(handle, base), self._req_id("store_kv", handle)
+        key, extra = self.stores.key(base), self._req_id("store_kv", handle)
         tid, error = -1, None
         seen = self._watch()
         try:

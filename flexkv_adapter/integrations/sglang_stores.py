@@ -30,8 +30,8 @@ class StoreKeys:
     by_handle: dict[str, list[str]] = field(default_factory=dict)  # a handle's own key -> its stores' keys
     count: int = 0
 
-    def key(self, handle: Any, base: str) -> str:
-        """``base`` (the handle's key) for the only store of a handle, else ``base#store<n>``."""
+    def key(self, base: str) -> str:
+        """``base`` (the handle's own key) for the only store of a handle, else ``base#store<n>``."""
         self.count += 1
         return base if base not in self.by_handle else f"{base}#store{self.count}"
 
@@ -55,8 +55,7 @@ class StoreKeys:
     def completed(self, key: str) -> Any:
         """The handle SGLang unlocks for ``key`` (None for a key this table never saw)."""
         handle, base = self.reports.pop(key, None), self.owner.pop(key, None)
-        keys = self.by_handle.get(base, []) if base is not None else []
-        if base is not None and key in keys:
+        if base is not None and key in (keys := self.by_handle.get(base, [])):
             keys.remove(key)
             if not keys:
                 del self.by_handle[base]

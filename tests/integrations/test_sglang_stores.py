@@ -38,7 +38,7 @@ def test_every_completion_unlocks_its_own_node(steps, rid):
     for step in steps:
         if step[0] == "store":
             handle = Handle(f"{rid}{step[1]}", step[2])
-            key = keys.key(handle, handle_key(handle))
+            key = keys.key(handle_key(handle))
             assert key not in [k for k, _ in inflight]  # FlexKV's _inflight_stores never overwritten
             node = object()
             keys.started(handle, key, radix, handle_key(handle))
@@ -62,7 +62,7 @@ def test_negative_control_without_moving_the_earlier_lock_the_first_completion_u
     radix = SimpleNamespace(_inflight_store_nodes={}, _node_lock=threading.Lock())
     first, second = object(), object()
     for node in (first, second):
-        key = keys.key(handle, handle_key(handle))
+        key = keys.key(handle_key(handle))
         keys.started(handle, key, radix, handle_key(handle))
         radix._inflight_store_nodes[handle] = node
     assert radix._inflight_store_nodes.get(keys.completed("r@attempt0")) is second  # the wrong node: first leaks
