@@ -41,6 +41,7 @@ from .sglang_resolve import (
 from .sglang_stores import StoreKeys
 
 logger = logging.getLogger(__name__)
+NO_EXTRA: dict[str, Any] = {}  # never written: the keyword arguments of a FlexKV call that takes no SGLang rid
 FLUSH_MODULE = "flexkv_adapter.integrations.sglang_flush"
 
 
@@ -72,6 +73,9 @@ class BridgeConnector:
             PREFIX, FLEXKV_CONNECTOR_MODULE, why,
         )  # fmt: skip
         self._takes_req_id = shape.takes_req_id
+        # per call on the hot path, as plain flags: whether FlexKV's method also takes SGLang's rid (for its logs)
+        self._lookup_logs_rid = "lookup_kv" in shape.takes_req_id
+        self._store_logs_rid = "store_kv" in shape.takes_req_id
         self._handle_type: Any = None  # SGLang's CacheRequestHandle, seen on the first call
         self.connector = shape.cls(**kwargs)
         sync = getattr(self.connector, "_sync_ctx", None)
@@ -130,19 +134,19 @@ class BridgeConnector:
     def lookup_kv(self, token_ids: Any, token_mask: Any, handle: Any = None) -> Any:
         if self.stale:
             return -1, 0
-        key = None if handle is None else self._key(handle)
-        extra = {} if handle is None else self._req_id("lookup_kv", handle)
-        result, failed = (-1, 0), False
+        key = None if handle is None else handle_key(handle)
+        extra = {"sglang_req_id": handle.rid} if self._lookup_logs_rid and handle is not None else NO_EXTRA
+        failed = False
         seen = self._watch()
         try:
             result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
         except Exception as exc:
             self._cancel(seen.created)
             self._failed("lookup", key, exc, "served as a miss")
-            failed = True
+            result, failed = (-1, 0), True
         # one answer on every rank: a rank that raised after FlexKV's scatter left the others with a hit,
-        # whose retrieve would wait in a barrier this rank never enters
-        if self.agreement.min([int(not failed)])[0] == 0 and not failed:
+        # whose retrieve would wait in a barrier this rank never enters (the `active` test spares the call at TP 1)
+        if self.agreement.active and self.agreement.min([int(not failed)])[0] == 0 and not failed:
             if key is not None:
                 self.release_pending(handle)
             self._failed("lookup", key, "another TP rank's lookup failed", "served as a miss on every rank")
@@ -151,8 +155,9 @@ class BridgeConnector:
 
     def retrieve_kv(self, handle: Any, slot_mapping: Any) -> int:
         """Every slot on every rank, or 0; slots FlexKV may still write are quarantined (SGLang frees the rest)."""
-        key, count = self._key(handle), int(slot_mapping.numel())
-        tid = int(getattr(self.connector, "_pending_lookups", {}).get(key, -1))
+        key, count = handle_key(handle), int(slot_mapping.numel())
+        pending = getattr(self.connector, "_pending_lookups", None)
+        tid = -1 if pending is None else int(pending.get(key, -1))
         returned, error = None, None
         seen = self._watch()
         try:
@@ -164,7 +169,7 @@ class BridgeConnector:
         local = load_outcome(self.leader, seen, tid, count, returned, error is not None)
         if local == 0 and tid >= 0 and tid not in seen.launched:
             self._cancel([tid])  # never launched (launch raised): the get task still holds FlexKV's match
-        agreed = self.agreement.min([local])[0]
+        agreed = self.agreement.min([local])[0] if self.agreement.active else local
         if agreed == count > 0:
             return count
         if agreed == QUARANTINE:
@@ -188,8 +193,10 @@ class BridgeConnector:
         """FlexKV's task id, or -1 (nothing stored: SGLang unlocks the node); a failed launch's put is cancelled."""
         if self.stale:
             return -1
-        base = self._key(handle)
-        key, extra = self.stores.key(base), self._req_id("store_kv", handle)
+        self._handle_type = type(handle)  # SGLang's handle type, for the completions it reports (_handle)
+        base = handle_key(handle)
+        key = self.stores.key(base)
+        extra = {"sglang_req_id": handle.rid} if self._store_logs_rid else NO_EXTRA
         tid, error = -1, None
         seen = self._watch()
         try:
@@ -197,7 +204,8 @@ class BridgeConnector:
         except Exception as exc:
             error = exc
             self._cancel([t for t in seen.created if t not in seen.launched])
-        worst, best = self.agreement.min([int(error is None), -int(error is None)])
+        ok = int(error is None)
+        worst, best = self.agreement.min([ok, -ok]) if self.agreement.active else (ok, -ok)
         if error is None:
             if tid >= 0:
                 self.stores.started(handle, key, self.radix, base)

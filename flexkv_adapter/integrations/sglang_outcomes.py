@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,14 +33,17 @@ def status_of(response: Any) -> str:
     return str(value).lower() if value is not None else "missing"
 
 
-@dataclass(slots=True)
 class Seen:
-    """What FlexKV's KVManager did during one bridge call (leader only)."""
+    """What FlexKV's KVManager did during one bridge call (leader only); a plain slotted class, as one is made
+    on every lookup, load and store (a dataclass's field factories cost half as much again)."""
 
-    created: list[int] = field(default_factory=list)  # get_match / put_match task ids
-    launched: list[int] = field(default_factory=list)  # launch() returned for these
-    waits: dict[int, str] = field(default_factory=dict)  # wait() statuses
-    manager_error: BaseException | None = None  # launch() or wait() raised
+    __slots__ = ("created", "launched", "manager_error", "waits")
+
+    def __init__(self) -> None:
+        self.created: list[int] = []  # get_match / put_match task ids
+        self.launched: list[int] = []  # launch() returned for these
+        self.waits: dict[int, str] = {}  # wait() statuses
+        self.manager_error: BaseException | None = None  # launch() or wait() raised
 
 
 class ObservedManager:
@@ -140,6 +143,8 @@ class Quarantine:
         self.allocator: Any = None
         self._withheld: set[int] = set()
         self._unreachable = False
+        self._depth, self._had_free = 0, False  # inside withholding(); whether the allocator had its own free
+        self._real_free: Any = None  # the allocator's free while the filter is on
 
     def __len__(self) -> int:
         return len(self.held)
@@ -148,30 +153,45 @@ class Quarantine:
         # a copy (SGLang may reuse the tensor), not moved: free() later concatenates it with GPU free lists
         self.held.append(_Held(tid, slots.detach().clone()))
         self._withheld.update(int(s) for s in slots.detach().to("cpu", torch.int64).tolist())
+        if self._depth:  # SGLang's init_load_back frees these next
+            self._filter_on()
 
-    @contextlib.contextmanager
-    def withholding(self, allocator: Any) -> Iterator[None]:
-        """While SGLang's init_load_back runs: its ``free`` of quarantined slots keeps them here."""
+    def withholding(self, allocator: Any) -> Quarantine:
+        """While SGLang's init_load_back runs (``with quarantine.withholding(allocator):``): its ``free`` of
+        quarantined slots keeps them here. The filter is on ``allocator.free`` only while something is withheld
+        (a load that this call quarantines puts it on at once): a plain context manager, as it runs on every
+        load (a generator-based one and a filter on every call cost more than the rest of the hook)."""
         self.allocator = allocator
-        had = "free" in vars(allocator)
-        real = allocator.free
+        return self
 
-        def free(free_index: Any) -> Any:
-            if self._withheld and isinstance(free_index, torch.Tensor) and free_index.numel():
-                withheld = torch.tensor(sorted(self._withheld), dtype=free_index.dtype, device=free_index.device)
-                free_index = free_index[~torch.isin(free_index, withheld)]
-                if not free_index.numel():
-                    return None
-            return real(free_index)
+    def __enter__(self) -> None:
+        self._depth += 1
+        if self._withheld:
+            self._filter_on()
 
-        allocator.free = free
-        try:
-            yield
-        finally:
-            if had:
-                allocator.free = real
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if not self._depth and self._real_free is not None:
+            if self._had_free:
+                self.allocator.free = self._real_free
             else:
-                del allocator.free
+                del self.allocator.free
+            self._real_free = None
+
+    def _filter_on(self) -> None:
+        if self._real_free is None:
+            allocator = self.allocator
+            self._had_free, self._real_free = "free" in vars(allocator), allocator.free
+            allocator.free = self._free
+
+    def _free(self, free_index: Any) -> Any:
+        """The allocator's free, less the slots FlexKV may still write."""
+        if self._withheld and isinstance(free_index, torch.Tensor) and free_index.numel():
+            withheld = torch.tensor(sorted(self._withheld), dtype=free_index.dtype, device=free_index.device)
+            free_index = free_index[~torch.isin(free_index, withheld)]
+            if not free_index.numel():
+                return None
+        return self._real_free(free_index)
 
     def poll(self, manager: Any, leader: bool) -> int:
         """Give back the slots of every task FlexKV reports ended (a collective when anything is held)."""

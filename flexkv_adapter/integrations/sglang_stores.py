@@ -7,8 +7,9 @@ node stays locked for the life of the server. :class:`StoreKeys` gives a store w
 store in flight a key of its own, and moves SGLang's entry of the earlier store to a handle of its own, so
 each completion unlocks its own node.
 
-A key depends only on the sequence of ``store_kv`` calls, which is the same on every TP rank (FlexKV
-compares store keys across ranks, connector.py:1146).
+A key depends only on the sequence of ``store_kv`` calls and of completions (FlexKV scatters the leader's
+completed keys to every rank, connector.py:1219-1223), both the same on every TP rank (FlexKV compares store
+keys across ranks, connector.py:1146).
 """
 
 from __future__ import annotations
@@ -19,52 +20,55 @@ from typing import Any
 
 @dataclass
 class StoreKeys:
-    """FlexKV key -> the SGLang handle its completion reports; per handle, its stores in flight (oldest first).
+    """FlexKV key -> the SGLang handle its completion reports, for every store in flight; per handle, the key of
+    its latest store, the one whose node SGLang's entry under the handle itself locks.
 
     The tables are keyed by strings (a handle's own key, injective, :func:`.sglang_resolve.handle_key`): a
-    string's hash is cached, while SGLang's frozen-dataclass handle hashes in Python on every lookup.
+    string's hash is cached, while SGLang's frozen-dataclass handle hashes in Python on every lookup. A store of
+    a handle with no other store in flight (nearly all) costs two dict entries and no list.
     """
 
-    reports: dict[str, Any] = field(default_factory=dict)
-    owner: dict[str, str] = field(default_factory=dict)  # key -> its handle's own key
-    by_handle: dict[str, list[str]] = field(default_factory=dict)  # a handle's own key -> its stores' keys
+    reports: dict[str, Any] = field(default_factory=dict)  # key -> the handle its completion reports
+    latest: dict[str, str] = field(default_factory=dict)  # a handle's own key -> its latest store's key
+    bases: dict[str, str] = field(default_factory=dict)  # a suffixed key -> its handle's own key
     count: int = 0
 
     def key(self, base: str) -> str:
-        """``base`` (the handle's own key) for the only store of a handle, else ``base#store<n>``."""
+        """``base`` (the handle's own key) unless a store under it is in flight, else ``base#store<n>``."""
         self.count += 1
-        return base if base not in self.by_handle else f"{base}#store{self.count}"
+        return base if base not in self.reports else f"{base}#store{self.count}"
 
     def started(self, handle: Any, key: str, radix: Any, base: str) -> None:
         """A store FlexKV tracks: an earlier store of an equal handle keeps its SGLang lock under its own handle."""
-        earlier = self.by_handle.get(base)
-        if earlier is None:
-            self.by_handle[base] = [key]
-        else:
-            if radix is not None:
-                shadow = type(handle)(rid=f"{handle.rid}\x00{earlier[-1]}", attempt_id=handle.attempt_id)
-                with radix._node_lock:
-                    node = radix._inflight_store_nodes.pop(handle, None)
-                    if node is not None:
-                        radix._inflight_store_nodes[shadow] = node
-                self.reports[earlier[-1]] = shadow
-            earlier.append(key)
+        earlier = self.latest.get(base)
+        if earlier is not None and radix is not None:  # SGLang's entry under the handle locks earlier's node
+            shadow = type(handle)(rid=f"{handle.rid}\x00{earlier}", attempt_id=handle.attempt_id)
+            with radix._node_lock:
+                node = radix._inflight_store_nodes.pop(handle, None)
+                if node is not None:
+                    radix._inflight_store_nodes[shadow] = node
+            self.reports[earlier] = shadow
+        self.latest[base] = key
         self.reports[key] = handle
-        self.owner[key] = base
+        if key != base:
+            self.bases[key] = base
 
     def completed(self, key: str) -> Any:
         """The handle SGLang unlocks for ``key`` (None for a key this table never saw)."""
-        handle, base = self.reports.pop(key, None), self.owner.pop(key, None)
-        if base is not None and key in (keys := self.by_handle.get(base, [])):
-            keys.remove(key)
-            if not keys:
-                del self.by_handle[base]
+        handle = self.reports.pop(key, None)
+        base = self.bases.pop(key, key)
+        if self.latest.get(base) == key:
+            del self.latest[base]
         return handle
+
+    def __len__(self) -> int:
+        """Stores in flight."""
+        return len(self.reports)
 
     def clear(self) -> None:
         self.reports.clear()
-        self.owner.clear()
-        self.by_handle.clear()
+        self.latest.clear()
+        self.bases.clear()
 
 
 __all__ = ["StoreKeys"]

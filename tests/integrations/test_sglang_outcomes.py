@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flexkv_adapter.integrations.sglang_outcomes import Agreement, Quarantine
 
@@ -38,3 +40,44 @@ def test_quarantined_slots_are_freed_in_the_allocators_dtype_and_device_once_fle
     # SGLang's allocators concatenate what free() gets with their free lists on the KV device:
     # a CPU int64 copy of CUDA int32 slots made torch.cat raise in the scheduler loop
     assert (given_back.dtype, given_back.device, given_back.tolist()) == (torch.int32, slots.device, [7, 8, 9])
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.lists(st.integers(0, 15), min_size=1, max_size=4)),  # a load quarantined
+        st.tuples(st.just("free"), st.lists(st.integers(0, 15), max_size=6)),  # SGLang frees these
+        st.tuples(st.just("end"), st.integers(0, 10)),  # FlexKV reports a held task ended
+    ),
+    max_size=12,
+)
+
+
+@given(OPS, st.booleans(), st.booleans())
+def test_inside_withholding_no_quarantined_slot_is_freed_and_the_allocator_is_left_as_it_was(calls, own_free, before):
+    """One init_load_back: loads quarantined during it (the filter goes on then) and before it are withheld;
+    after it the allocator's free is its own again (an instance attribute only if it had one)."""
+    quarantine, allocator, manager = Quarantine(Agreement(None, False)), _Allocator(), _Manager()
+    if own_free:
+        allocator.free = allocator.free  # an instance attribute, as a patched allocator has
+    held: list[tuple[int, list[int]]] = []
+    if before:  # a load quarantined by an earlier init_load_back
+        quarantine.add(100, torch.tensor([3]))
+        held.append((100, [3]))
+    with quarantine.withholding(allocator):
+        for step, (op, arg) in enumerate(calls):
+            if op == "add":  # slots SGLang can hand out: none still withheld
+                fresh = [s for s in dict.fromkeys(arg) if all(s not in slots for _, slots in held)]
+                if fresh:
+                    quarantine.add(step, torch.tensor(fresh))
+                    held.append((step, fresh))
+            elif op == "free":
+                before = len(allocator.freed)
+                allocator.free(torch.tensor(arg, dtype=torch.int64))
+                got = [s for t in allocator.freed[before:] for s in t.tolist()]
+                withheld = {s for _, slots in held for s in slots}
+                assert got == [s for s in arg if s not in withheld]
+            elif held:
+                tid, _ = held.pop(arg % len(held))
+                manager.ended.add(tid)
+                assert quarantine.poll(manager, leader=True) == 1  # its slots go back through the same free
+    assert ("free" in vars(allocator)) == own_free and allocator.free.__func__ is _Allocator.free

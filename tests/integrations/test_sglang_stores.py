@@ -50,7 +50,7 @@ def test_every_completion_unlocks_its_own_node(steps, rid):
             assert radix._inflight_store_nodes.pop(handle) is node  # SGLang's _drain_completed_stores
     for key, node in inflight:
         assert radix._inflight_store_nodes.pop(keys.completed(key)) is node
-    assert not radix._inflight_store_nodes and not keys.reports and not keys.owner and not keys.by_handle
+    assert not radix._inflight_store_nodes and not keys and not keys.latest and not keys.bases
 
 
 def test_negative_control_without_moving_the_earlier_lock_the_first_completion_unlocks_the_second_node():
