@@ -15,12 +15,15 @@ plots ``serving.png`` (needs matplotlib: ``pip install -e '.[bench]'``; without 
   loads, finished requests; loads in flight for 3 polls). Baseline: the plugin with only what
   construction needs (lifecycle wrappers off); also vLLM with no connector, for scale.
 - SGLang: the bridge per step against FlexKV's own connector called with ``rid=``; FlexKVRadixCache's
-  match/load, checkpoint and evict with the plugin's hooks against without them.
+  match/load, checkpoint and evict with the plugin's hooks against without them. Behind FlexKV's connector,
+  FlexKV's real KVManager (its whole Python, compiled parts replaced) for the ratios from 64 requests, and
+  an in-process stand-in (bookkeeping only) for the microseconds at one request, where it resolves them
+  (bench_serving_sglang.py says why); the stand-in's rows from 64 on are shown for scale, not judged.
 - growth: 10,000 finished requests (failed loads included) through the plugin's vLLM step; the median
   step of the last 1,000 steps over that of the first 1,000.
 
-Figures are medians over interleaved repeats (the modes stepped in turn). Goal: ratio <= 1.05 from 64
-requests, <= 20 us added below, growth ratio <= 1.05.
+Steps are timed in CPU time; a ratio is the median of paired steps (the modes step in turn). Goal: ratio
+<= 1.05 from 64 requests, <= 20 us added below, growth ratio <= 1.05.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {"vllm": ".venv-vllm", "sglang": ".venv-sglang"}
 GOAL_RATIO, GOAL_ADDED_US, GOAL_FROM, GOAL_GROWTH = 1.05, 20.0, 64, 1.05
+REAL = "real KVManager"  # bench_serving_sglang.REAL: the only SGLang setup whose ratios the goal reads
 
 
 def run_part(part: str, python: str, quick: bool) -> dict[str, Any]:
@@ -59,21 +63,25 @@ def run_part(part: str, python: str, quick: bool) -> dict[str, Any]:
 def goal(payload: dict[str, Any]) -> dict[str, bool]:
     """Whether each engine's rows and the growth ratio meet the issue's goal."""
 
-    def ok(row: dict[str, Any]) -> bool:
-        if row["requests"] >= GOAL_FROM:
-            return bool(row["ratio"] <= GOAL_RATIO)
-        return bool(row["plugin_us"] - row["baseline_us"] <= GOAL_ADDED_US)
-
-    met = {part: all(ok(r) for r in payload.get(part, [])) for part in PARTS}
+    met = {part: all(verdict(r) is not False for r in payload.get(part, [])) for part in PARTS}
     met["growth"] = payload.get("growth_ratio", 0) <= GOAL_GROWTH
     return met
+
+
+def verdict(row: dict[str, Any]) -> bool | None:
+    """Whether a row meets the goal; None for a row the goal does not read (a ratio over a FlexKV stand-in that
+    answers in microseconds: an unfaithful denominator, shown for scale). vLLM's rows carry no setup: judged."""
+    if row["requests"] >= GOAL_FROM:
+        return bool(row["ratio"] <= GOAL_RATIO) if row.get("flexkv", REAL) == REAL else None
+    return bool(row["plugin_us"] - row["baseline_us"] <= GOAL_ADDED_US)
 
 
 def markdown_table(payload: dict[str, Any]) -> str:
     """The README's table, from a serving.json: the text cannot drift from the data it reports."""
     lines = [
-        "| engine | what is timed | requests | baseline (µs) | plugin (µs) | added (µs) | ratio | no connector (µs) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | what is timed | FlexKV behind it | requests | baseline (µs) | plugin (µs) | added (µs) | ratio "
+        "| no connector (µs) | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     what = {
         "vllm": "`schedule` + `update_from_output` (baseline: lifecycle wrappers off)",
@@ -84,10 +92,11 @@ def markdown_table(payload: dict[str, Any]) -> str:
         for row in payload.get(part, []):
             kind = row.get("what", part)
             none = row.get("no_connector_us")
+            judged = {True: "met", False: "**missed**", None: "for scale"}[verdict(row)]
             lines.append(
-                f"| {part} | {what[kind]} | {row['requests']} | {row['baseline_us']:.1f} | {row['plugin_us']:.1f} "
-                f"| {row['plugin_us'] - row['baseline_us']:+.1f} | {row['ratio']:.3f} "
-                f"| {'' if none is None else f'{none:.1f}'} |"
+                f"| {part} | {what[kind]} | {row.get('flexkv', 'stand-in')} | {row['requests']} "
+                f"| {row['baseline_us']:.1f} | {row['plugin_us']:.1f} | {row['plugin_us'] - row['baseline_us']:+.1f} "
+                f"| {row['ratio']:.3f} | {'' if none is None else f'{none:.1f}'} | {judged} |"
             )
     growth = payload.get("growth", {})
     lines.append(
@@ -110,7 +119,8 @@ def plot(payload: dict[str, Any], path: Path) -> bool:
     groups: dict[str, list[dict[str, Any]]] = {}
     for part in PARTS:
         for row in payload.get(part, []):
-            groups.setdefault(row.get("what", part), []).append(row)
+            setup = f", FlexKV {row['flexkv']}" if "flexkv" in row else ""  # one line per setup behind FlexKV
+            groups.setdefault(f"{row.get('what', part)}{setup}", []).append(row)
     for kind, rows in groups.items():
         xs = [r["requests"] for r in rows]
         axes[0].plot(xs, [r["baseline_us"] for r in rows], marker="o", linestyle="--", label=f"{kind} baseline")

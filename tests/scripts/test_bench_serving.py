@@ -72,6 +72,19 @@ def test_goal_reads_ratio_from_64_requests_and_microseconds_below(bench):
     assert bench.goal(worse) == {"vllm": False, "sglang": False, "growth": False}
 
 
+def test_goal_reads_sglang_ratios_over_flexkvs_real_kvmanager_only(bench):
+    standin = {"what": "bridge", "requests": 64, "baseline_us": 1000.0, "plugin_us": 1190.0, "ratio": 1.19, "flexkv": "stand-in"}
+    real = {"what": "bridge", "requests": 64, "baseline_us": 50000.0, "plugin_us": 51950.0, "ratio": 1.039, "flexkv": "real KVManager"}
+    one = {"what": "radix", "requests": 1, "baseline_us": 75.0, "plugin_us": 89.0, "ratio": 1.187, "flexkv": "stand-in"}
+    assert [bench.verdict(r) for r in (standin, real, one)] == [None, True, True]
+    payload = {"vllm": [], "sglang": [standin, real, one], "growth_ratio": 1.0}
+    assert bench.goal(payload)["sglang"]
+    assert "| for scale |" in bench.markdown_table(payload) and "| met |" in bench.markdown_table(payload)
+    slow = copy.deepcopy(payload)
+    slow["sglang"][1]["ratio"] = 1.051  # the judged row: missed
+    assert not bench.goal(slow)["sglang"] and "| **missed** |" in bench.markdown_table(slow)
+
+
 def test_help_and_markdown_run_without_the_engines():
     run = [sys.executable, str(SCRIPT)]
     shown = subprocess.run([*run, "--help"], capture_output=True, text=True, check=True).stdout
