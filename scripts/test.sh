@@ -48,6 +48,7 @@ run() {
 skip() { SUMMARY+=("$(printf '%-12s %-8s %s' "$1" skipped "$2")"); }
 
 run ruff .venv/bin/ruff check flexkv_adapter tests scripts
+run format .venv/bin/ruff format --check flexkv_adapter tests scripts
 run mypy .venv/bin/mypy
 # The tiers' tests run next in their own environments: the main suite leaves them out instead of
 # listing each as skipped. A tier that is skipped is said so once, in the summary.

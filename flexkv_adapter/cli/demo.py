@@ -16,10 +16,7 @@ from typing import Any
 from ..errors import AdapterError
 
 COLUMNS = ("source", "view", "layers", "excl", "rows", "aliased", "copied")
-LEGEND = (
-    "view: what FlexKV gets and the recognizer that read the KV; excl: layers not offloaded; "
-    "aliased/copied: bytes"
-)
+LEGEND = "view: what FlexKV gets and the recognizer that read the KV; excl: layers not offloaded; aliased/copied: bytes"
 _WIDTH = 100
 _LONG = 50  # a parenthesised explanation this long is printed once; later notes point to it
 

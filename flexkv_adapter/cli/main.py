@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
     def command(name: str, what: str) -> argparse.ArgumentParser:
         # help= is the line in the command list; description= the first line of `COMMAND --help`
         return sub.add_parser(name, parents=[verbose], help=what, description=what[0].upper() + what[1:] + ".")

@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _bash(script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", "-c", f"set -euo pipefail; . scripts/_install_lib.sh; {script}; echo REACHED"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -72,7 +75,11 @@ def test_a_required_tier_without_its_engine_fails_instead_of_skipping(engine: st
     env = {**os.environ, "REQUIRE_ENGINE_TIER": "1"}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/{engine}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert out.returncode != 0
     assert f"the {engine} tier cannot run: {engine} is not importable" in out.stdout + out.stderr

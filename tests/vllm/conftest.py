@@ -93,7 +93,6 @@ PATCHED = (
 )
 
 
-
 def _load_real_adapter(path: str) -> None:
     import importlib.util
 
