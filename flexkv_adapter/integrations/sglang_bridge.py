@@ -72,10 +72,10 @@ class BridgeConnector:
             "SGLang's in-tree connector does not match the installed FlexKV: %s",
             PREFIX, FLEXKV_CONNECTOR_MODULE, why,
         )  # fmt: skip
-        self._takes_req_id = shape.takes_req_id
-        # per call on the hot path, as plain flags: whether FlexKV's method also takes SGLang's rid (for its logs)
+        # whether FlexKV's method also takes SGLang's rid (for its logs): plain flags, read per call on the hot path
         self._lookup_logs_rid = "lookup_kv" in shape.takes_req_id
         self._store_logs_rid = "store_kv" in shape.takes_req_id
+        self._prefetch_logs_rid = "prefetch_async" in shape.takes_req_id
         self._handle_type: Any = None  # SGLang's CacheRequestHandle, seen on the first call
         self.connector = shape.cls(**kwargs)
         sync = getattr(self.connector, "_sync_ctx", None)
@@ -100,14 +100,11 @@ class BridgeConnector:
 
     def attach(self, radix: Any) -> None:
         self.radix = radix
-        self.quarantine.allocator = radix.token_to_kv_pool_allocator
+        self.quarantine.attach(radix.token_to_kv_pool_allocator)
 
     def _key(self, handle: Any) -> str:
         self._handle_type = type(handle)
         return handle_key(handle)
-
-    def _req_id(self, method: str, handle: Any) -> dict[str, Any]:
-        return {"sglang_req_id": handle.rid} if method in self._takes_req_id else {}
 
     def _watch(self) -> Seen:
         """A fresh record of what FlexKV's KVManager does in this call: a plain call, not a context manager,
@@ -193,8 +190,7 @@ class BridgeConnector:
         """FlexKV's task id, or -1 (nothing stored: SGLang unlocks the node); a failed launch's put is cancelled."""
         if self.stale:
             return -1
-        self._handle_type = type(handle)  # SGLang's handle type, for the completions it reports (_handle)
-        base = handle_key(handle)
+        base = self._key(handle)  # also notes SGLang's handle type, for the completions it reports (_handle)
         key = self.stores.key(base)
         extra = {"sglang_req_id": handle.rid} if self._store_logs_rid else NO_EXTRA
         tid, error = -1, None
@@ -216,7 +212,8 @@ class BridgeConnector:
         return -1
 
     def prefetch_async(self, handle: Any, token_ids: Any) -> Any:
-        return self.connector.prefetch_async(self._key(handle), token_ids, **self._req_id("prefetch_async", handle))
+        extra = {"sglang_req_id": handle.rid} if self._prefetch_logs_rid else NO_EXTRA
+        return self.connector.prefetch_async(self._key(handle), token_ids, **extra)
 
     def check_prefetch_progress(self, handle: Any) -> Any:
         return self.connector.check_prefetch_progress(handle_key(handle))

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..errors import AdapterError
+
 logger = logging.getLogger(__name__)
 
 # A task in one of these states no longer touches GPU memory (FlexKV's own terminal set, connector.py:84).
@@ -130,6 +132,9 @@ class _Held:
     slots: torch.Tensor  # on SGLang's device and in its dtype: its allocator's free lists live there
 
 
+_NO_OWN_FREE = object()  # the allocator's free was its class's (no instance attribute to restore)
+
+
 class Quarantine:
     """Slots of loads FlexKV may still write: SGLang's free of them is withheld until FlexKV reports the end.
 
@@ -143,8 +148,10 @@ class Quarantine:
         self.allocator: Any = None
         self._withheld: set[int] = set()
         self._unreachable = False
-        self._depth, self._had_free = 0, False  # inside withholding(); whether the allocator had its own free
-        self._real_free: Any = None  # the allocator's free while the filter is on
+        self._depth = 0  # inside withholding()
+        # while the filter is on: the allocator it is on, and that allocator's own instance attribute ``free``
+        # (_NO_OWN_FREE if its free is its class's), both recorded when it went on and restored exactly
+        self._filtered: tuple[Any, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.held)
@@ -161,37 +168,54 @@ class Quarantine:
         quarantined slots keeps them here. The filter is on ``allocator.free`` only while something is withheld
         (a load that this call quarantines puts it on at once): a plain context manager, as it runs on every
         load (a generator-based one and a filter on every call cost more than the rest of the hook)."""
-        self.allocator = allocator
+        self.attach(allocator)  # before __enter__: a refusal leaves the depth and any filter as they were
         return self
 
+    def attach(self, allocator: Any) -> None:
+        """The allocator whose ``free`` is filtered (the bridge attaches SGLang's at start-up, where a refusal
+        stops the server instead of a load)."""
+        if self._depth and allocator is not self.allocator:
+            raise AdapterError("the quarantine withholds from one allocator at a time: a second one inside")
+        if not hasattr(allocator, "__dict__"):
+            raise AdapterError(
+                f"the quarantine cannot withhold slots from {type(allocator).__name__}: its free() is not "
+                "replaceable on the instance (no __dict__)"
+            )
+        self.allocator = allocator
+
     def __enter__(self) -> None:
-        self._depth += 1
         if self._withheld:
             self._filter_on()
+        self._depth += 1
 
     def __exit__(self, *exc: object) -> None:
         self._depth -= 1
-        if not self._depth and self._real_free is not None:
-            if self._had_free:
-                self.allocator.free = self._real_free
+        if not self._depth and self._filtered is not None:
+            allocator, own = self._filtered
+            if own is _NO_OWN_FREE:
+                del allocator.free
             else:
-                del self.allocator.free
-            self._real_free = None
+                allocator.free = own
+            self._filtered = None
 
     def _filter_on(self) -> None:
-        if self._real_free is None:
+        """The filter on the current allocator's free; it calls the free it replaced, whatever happens later."""
+        if self._filtered is None:
             allocator = self.allocator
-            self._had_free, self._real_free = "free" in vars(allocator), allocator.free
-            allocator.free = self._free
+            real_free = allocator.free
+            withheld = self._withheld
 
-    def _free(self, free_index: Any) -> Any:
-        """The allocator's free, less the slots FlexKV may still write."""
-        if self._withheld and isinstance(free_index, torch.Tensor) and free_index.numel():
-            withheld = torch.tensor(sorted(self._withheld), dtype=free_index.dtype, device=free_index.device)
-            free_index = free_index[~torch.isin(free_index, withheld)]
-            if not free_index.numel():
-                return None
-        return self._real_free(free_index)
+            def free(free_index: Any) -> Any:
+                """The allocator's free, less the slots FlexKV may still write."""
+                if withheld and isinstance(free_index, torch.Tensor) and free_index.numel():
+                    held = torch.tensor(sorted(withheld), dtype=free_index.dtype, device=free_index.device)
+                    free_index = free_index[~torch.isin(free_index, held)]
+                    if not free_index.numel():
+                        return None
+                return real_free(free_index)
+
+            self._filtered = (allocator, vars(allocator).get("free", _NO_OWN_FREE))
+            allocator.free = free
 
     def poll(self, manager: Any, leader: bool) -> int:
         """Give back the slots of every task FlexKV reports ended (a collective when anything is held)."""

@@ -81,3 +81,61 @@ def test_inside_withholding_no_quarantined_slot_is_freed_and_the_allocator_is_le
                 manager.ended.add(tid)
                 assert quarantine.poll(manager, leader=True) == 1  # its slots go back through the same free
     assert ("free" in vars(allocator)) == own_free and allocator.free.__func__ is _Allocator.free
+
+
+class _Slotted:
+    __slots__ = ("freed",)
+
+    def __init__(self) -> None:
+        self.freed: list[torch.Tensor] = []
+
+    def free(self, free_index: torch.Tensor) -> None:
+        self.freed.append(free_index)
+
+
+@given(st.lists(st.integers(0, 13), min_size=1, max_size=4), st.booleans(), st.booleans(), st.integers(0, 3))
+def test_the_filter_is_taken_off_the_allocator_it_went_on_and_a_kept_reference_still_frees(slots, own, early, at):
+    """A refused second allocator inside changes nothing; after the end the allocator's free is its own, and a
+    reference to the filtered free that SGLang kept still reaches it (withholding what FlexKV may still write)."""
+    from flexkv_adapter.errors import AdapterError
+
+    quarantine, allocator, other = Quarantine(Agreement(None, False)), _Allocator(), _Allocator()
+    if own:
+        allocator.free = allocator.free
+    if early:
+        quarantine.add(1, torch.tensor(slots))
+    kept = []
+    with quarantine.withholding(allocator):
+        for step in range(4):
+            if step == at:
+                quarantine.add(2, torch.tensor([15]))  # inside: the filter goes on now if not already
+            try:
+                with quarantine.withholding(other):
+                    raise AssertionError("a second allocator inside was accepted")
+            except AdapterError:
+                pass
+            with quarantine.withholding(allocator):  # the same allocator again: nested, fine
+                kept.append((allocator.free, early or step >= at))  # filtered once anything is withheld
+    assert ("free" in vars(allocator)) == own and allocator.free.__func__ is _Allocator.free
+    assert "free" not in vars(other)
+    for free, filtered in kept:  # each reference ends in the allocator's own free; a filtered one still filters
+        allocator.freed.clear()
+        free(torch.tensor([14, 15]))
+        assert [t.tolist() for t in allocator.freed] == ([[14]] if filtered else [[14, 15]])  # 15: quarantined
+
+
+def test_an_allocator_whose_free_cannot_be_replaced_is_refused_before_anything_changes():
+    from flexkv_adapter.errors import AdapterError
+
+    quarantine = Quarantine(Agreement(None, False))
+    quarantine.add(1, torch.tensor([3]))
+    try:
+        quarantine.withholding(_Slotted())
+    except AdapterError as exc:
+        assert "no __dict__" in str(exc)
+    else:
+        raise AssertionError("a slotted allocator was accepted")
+    allocator = _Allocator()
+    with quarantine.withholding(allocator):  # the refusal left no depth behind: this one ends clean
+        allocator.free(torch.tensor([3, 4]))
+    assert [t.tolist() for t in allocator.freed] == [[4]] and "free" not in vars(allocator)
