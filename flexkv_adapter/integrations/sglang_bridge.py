@@ -24,7 +24,7 @@ from typing import Any
 from ..config.settings import load_settings
 from ..errors import AdapterError
 from .sglang_flush import SCHEDULER_MODULE, flush
-from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome
+from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome, status_of
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 from .sglang_resolve import (
     CALLS,
@@ -41,7 +41,6 @@ from .sglang_resolve import (
 from .sglang_stores import StoreKeys
 
 logger = logging.getLogger(__name__)
-NO_EXTRA: dict[str, Any] = {}  # never written: the keyword arguments of a FlexKV call that takes no SGLang rid
 FLUSH_MODULE = "flexkv_adapter.integrations.sglang_flush"
 
 
@@ -107,13 +106,11 @@ class BridgeConnector:
         return handle_key(handle)
 
     def _watch(self) -> Seen:
-        """A fresh record of what FlexKV's KVManager does in this call: a plain call, not a context manager,
-        as it is on every lookup, load and store (two generator-based context managers cost more than the
-        bridge's own work)."""
+        """A fresh record of what FlexKV's KVManager does in this call (every lookup, load and store)."""
         self._clean = False
         seen = Seen()
         if self.observed is not None:
-            self.observed.seen = seen  # what ObservedManager.watching() does, without its generator
+            self.observed.seen = seen
         return seen
 
     def _cancel(self, task_ids: list[int]) -> None:
@@ -132,17 +129,23 @@ class BridgeConnector:
         if self.stale:
             return -1, 0
         key = None if handle is None else handle_key(handle)
-        extra = {"sglang_req_id": handle.rid} if self._lookup_logs_rid and handle is not None else NO_EXTRA
-        failed = False
         seen = self._watch()
         try:
-            result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key, **extra)
+            if self._lookup_logs_rid and handle is not None:
+                result = self.connector.lookup_kv(
+                    token_ids=token_ids, token_mask=token_mask, rid=key, sglang_req_id=handle.rid
+                )
+            else:
+                result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key)
         except Exception as exc:
             self._cancel(seen.created)
             self._failed("lookup", key, exc, "served as a miss")
-            result, failed = (-1, 0), True
-        # one answer on every rank: a rank that raised after FlexKV's scatter left the others with a hit,
-        # whose retrieve would wait in a barrier this rank never enters (the `active` test spares the call at TP 1)
+            return self._agreed_lookup(handle, key, (-1, 0), failed=True)
+        return self._agreed_lookup(handle, key, result, failed=False) if self.agreement.active else result
+
+    def _agreed_lookup(self, handle: Any, key: str | None, result: Any, failed: bool) -> Any:
+        """One answer on every rank: a rank that raised after FlexKV's scatter left the others with a hit, whose
+        retrieve would wait in a barrier this rank never enters (at TP 1 there is nothing to agree on)."""
         if self.agreement.active and self.agreement.min([int(not failed)])[0] == 0 and not failed:
             if key is not None:
                 self.release_pending(handle)
@@ -152,15 +155,30 @@ class BridgeConnector:
 
     def retrieve_kv(self, handle: Any, slot_mapping: Any) -> int:
         """Every slot on every rank, or 0; slots FlexKV may still write are quarantined (SGLang frees the rest)."""
-        key, count = handle_key(handle), int(slot_mapping.numel())
+        key = handle_key(handle)
+        count: int = slot_mapping.numel()
         pending = getattr(self.connector, "_pending_lookups", None)
         tid = -1 if pending is None else int(pending.get(key, -1))
-        returned, error = None, None
         seen = self._watch()
         try:
-            returned = int(self.connector.retrieve_kv(key, slot_mapping))
+            returned = self.connector.retrieve_kv(key, slot_mapping)
         except Exception as exc:
-            error = exc
+            return self._settle_load(handle, key, slot_mapping, tid, seen, None, exc)
+        # the one outcome that needs no more: load_outcome's "count", at TP 1 (the rest is _settle_load's)
+        local = load_outcome(self.leader, seen, tid, count, returned, False) if type(returned) is int else None
+        if local == count > 0 and not self.agreement.active:
+            return count
+        return self._settle_load(handle, key, slot_mapping, tid, seen, returned, None)
+
+    def _settle_load(self, handle: Any, key: str, slot_mapping: Any, tid: int, seen: Seen, returned: Any,
+                     error: Exception | None) -> int:  # fmt: skip
+        """The load's agreed outcome (see :func:`.sglang_outcomes.load_outcome`): all, a miss or quarantined."""
+        count = int(slot_mapping.numel())
+        if error is None:
+            try:
+                returned = int(returned)
+            except Exception as exc:  # not a count: as if FlexKV's call had raised
+                returned, error = None, exc
         if error is not None and self.leader and seen.manager_error is not None and self.agreement.active:
             self.connector._sync_ctx.barrier()  # FlexKV raised before the barrier its other ranks wait in (:644-698)
         local = load_outcome(self.leader, seen, tid, count, returned, error is not None)
@@ -172,7 +190,8 @@ class BridgeConnector:
         if agreed == QUARANTINE:
             self.quarantine.add(tid if self.leader else -1, slot_mapping)
         if local != count:
-            why = error or f"task {tid}: {seen.waits.get(tid, 'not launched')}, {returned} of {count} slots"
+            status = status_of(seen.waits[tid]) if tid in seen.waits else "not launched"
+            why = error or f"task {tid}: {status}, {returned} of {count} slots"
             outcome = "quarantined until FlexKV's copy ends" if agreed == QUARANTINE else "its slots are freed"
             self._failed("load", key, why, f"served as a miss; {outcome}")
         return 0
@@ -192,28 +211,34 @@ class BridgeConnector:
             return -1
         base = self._key(handle)  # also notes SGLang's handle type, for the completions it reports (_handle)
         key = self.stores.key(base)
-        extra = {"sglang_req_id": handle.rid} if self._store_logs_rid else NO_EXTRA
-        tid, error = -1, None
         seen = self._watch()
         try:
-            tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices, **extra))
+            if self._store_logs_rid:
+                tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices,
+                                                  sglang_req_id=handle.rid))  # fmt: skip
+            else:
+                tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices))
         except Exception as exc:
-            error = exc
             self._cancel([t for t in seen.created if t not in seen.launched])
-        ok = int(error is None)
-        worst, best = self.agreement.min([ok, -ok]) if self.agreement.active else (ok, -ok)
-        if error is None:
-            if tid >= 0:
-                self.stores.started(handle, key, self.radix, base)
-            return tid
+            return self._store_failed(key, exc)
+        if self.agreement.active:
+            self.agreement.min([1, -1])  # every rank enters the collective a failing rank enters
+        if tid >= 0:
+            self.stores.started(handle, key, self.radix, base)
+        return tid
+
+    def _store_failed(self, key: str, error: Exception) -> int:
+        """-1 where every rank failed alike (nothing stored anywhere); a store started on some ranks only raises."""
+        worst, best = self.agreement.min([0, 0]) if self.agreement.active else (0, 0)
         if worst != -best:  # another rank's FlexKV tracks this store and its copy reads this rank's slots too
             raise AdapterError(f"{PREFIX}: FlexKV's store of {key!r} started on some TP ranks only: {error}") from error
         self._failed("store", key, error, "nothing stored")
         return -1
 
     def prefetch_async(self, handle: Any, token_ids: Any) -> Any:
-        extra = {"sglang_req_id": handle.rid} if self._prefetch_logs_rid else NO_EXTRA
-        return self.connector.prefetch_async(self._key(handle), token_ids, **extra)
+        if self._prefetch_logs_rid:
+            return self.connector.prefetch_async(self._key(handle), token_ids, sglang_req_id=handle.rid)
+        return self.connector.prefetch_async(self._key(handle), token_ids)
 
     def check_prefetch_progress(self, handle: Any) -> Any:
         return self.connector.check_prefetch_progress(handle_key(handle))

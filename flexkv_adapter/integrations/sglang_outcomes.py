@@ -11,9 +11,7 @@ in (:644-655). :class:`ObservedManager` records what the leader's ``KVManager`` 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +42,15 @@ class Seen:
     def __init__(self) -> None:
         self.created: list[int] = []  # get_match / put_match task ids
         self.launched: list[int] = []  # launch() returned for these
-        self.waits: dict[int, str] = {}  # wait() statuses
+        self.waits: dict[int, Any] = {}  # wait()'s responses as FlexKV gave them (read with status_of)
         self.manager_error: BaseException | None = None  # launch() or wait() raised
 
 
 class ObservedManager:
-    """The leader's KVManager, unchanged, recording each call's tasks for the bridge."""
+    """The leader's KVManager, unchanged, recording each call's tasks for the bridge.
+
+    Every lookup, load and store passes through these methods, so nothing is computed that only a failure
+    reads: a wait's responses are kept as they came (:func:`status_of` reads them when asked)."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
@@ -67,13 +68,16 @@ class ObservedManager:
         return result
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
-        ids = list(kwargs.get("task_ids", args[0] if args else []))
         try:
             result = self.manager.launch(*args, **kwargs)
         except BaseException as exc:
             self.seen.manager_error = exc
             raise
-        self.seen.launched += ids
+        ids = kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()
+        if type(ids) is list:
+            self.seen.launched += ids
+        else:  # FlexKV also takes one id (kvmanager.py:307-315)
+            self.seen.launched += [int(ids)] if hasattr(ids, "__index__") else list(ids)
         return result
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
@@ -82,18 +86,14 @@ class ObservedManager:
         except BaseException as exc:
             self.seen.manager_error = exc
             raise
-        self.seen.waits.update({tid: status_of(r) for tid, r in (result or {}).items()})
+        if result:
+            self.seen.waits.update(result)
         return result
 
     def __getattr__(self, name: str) -> Any:
         if name == "manager":
             raise AttributeError(name)
         return getattr(self.manager, name)
-
-    @contextlib.contextmanager
-    def watching(self) -> Iterator[Seen]:
-        self.seen = Seen()
-        yield self.seen
 
 
 class Agreement:
@@ -118,7 +118,7 @@ def load_outcome(leader: bool, seen: Seen, tid: int, count: int, returned: int |
     or :data:`QUARANTINE` (FlexKV launched a copy whose end it has not reported)."""
     if not leader:
         return count if not raised and returned == count else 0
-    status = seen.waits.get(tid, "")
+    status = status_of(seen.waits[tid]) if tid in seen.waits else ""
     if not raised and status == "success" and returned == count:
         return count
     if tid in seen.launched and status not in ENDED:

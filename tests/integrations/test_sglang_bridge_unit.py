@@ -151,3 +151,51 @@ def test_a_hicache_storage_backend_is_refused_under_the_bridge(backend, refused)
     refusal = hicache_storage_refusal(SimpleNamespace(hicache_storage_backend=backend))
     assert (refusal is not None) == refused and hicache_storage_refusal(SimpleNamespace()) is None
     assert refusal is None or ("is_backuped" in str(refusal) and repr(backend) in str(refusal))
+
+
+class _Response:
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+
+class _Manager:
+    """The leader's KVManager for one load: launch returns, wait answers ``status``; cancel is recorded."""
+
+    def __init__(self, status: str) -> None:
+        self.status, self.cancelled = status, []
+
+    def launch(self, task_ids, slot_mappings, **kwargs):
+        return task_ids
+
+    def wait(self, task_ids, timeout=20.0, completely=False):
+        return {t: _Response(self.status) for t in task_ids}
+
+    def cancel(self, task_ids):
+        self.cancelled += task_ids
+
+
+@given(st.sampled_from(["success", "failed", "timeout", "cancelled"]), st.integers(0, 3), st.integers(1, 3))
+def test_a_load_counts_only_when_its_own_wait_said_success_and_every_slot_came_back(status, returned, count):
+    """At TP 1 on the leader: FlexKV's connector launches and waits through the recorder, then answers a count;
+    the bridge returns the count only for a success of every slot, quarantines a copy past its deadline (not
+    ended) and frees the rest, whatever count the connector claims."""
+    import torch
+
+    from flexkv_adapter.integrations.sglang_outcomes import Agreement, ObservedManager, Quarantine
+
+    manager = _Manager(status)
+    bridge = BridgeConnector.__new__(BridgeConnector)
+    bridge.leader, bridge.agreement = True, Agreement(None, False)
+    bridge.observed, bridge.quarantine = ObservedManager(manager), Quarantine(Agreement(None, False))
+    observed = bridge.observed
+
+    def retrieve_kv(key, slot_mapping):
+        observed.launch(task_ids=[5], slot_mappings=[slot_mapping])
+        observed.wait([5], timeout=30.0)
+        return returned
+
+    bridge.connector = SimpleNamespace(_pending_lookups={handle_key(Handle("r", 0)): 5}, retrieve_kv=retrieve_kv)
+    got = bridge.retrieve_kv(Handle("r", 0), torch.arange(count))
+    assert got == (count if status == "success" and returned == count else 0)
+    assert len(bridge.quarantine) == (status == "timeout")
+    assert manager.cancelled == []  # launched: never cancelled (FlexKV would forget a running copy)
