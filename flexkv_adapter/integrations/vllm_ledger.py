@@ -48,9 +48,11 @@ class Poll:
     failed: dict[str, frozenset[int]]
 
 
-def snapshot(tasks: dict[int, list[Any]]) -> dict[str, tuple[Any, frozenset[int]]]:
-    """request id -> (vLLM request, GPU block ids) of FlexKV's launched get tasks (``get_tasks``, adp:262)."""
-    return {t.request.request_id: (t.request, frozenset(t.block_ids)) for ts in tasks.values() for t in ts}
+def snapshot(tasks: dict[int, list[Any]], only: Iterable[int] | None = None) -> dict[str, tuple[Any, frozenset[int]]]:
+    """request id -> (vLLM request, GPU block ids) of FlexKV's launched get tasks (``get_tasks``, adp:262);
+    ``only``: of these task ids (a poll reads just the ones FlexKV popped: a step holds hundreds in flight)."""
+    ids = tasks.keys() if only is None else only
+    return {t.request.request_id: (t.request, frozenset(t.block_ids)) for tid in ids for t in tasks[tid]}
 
 
 def classify(

@@ -212,10 +212,10 @@ class _Preempted:
 
 def _poll(conn: Any, ledger: Ledger) -> None:
     sched = conn._flexkv_connector.connector
-    before = snapshot(sched.get_tasks)
+    launched = dict(sched.get_tasks)  # FlexKV's poll pops the finished tasks (adp:709-718): read them from here
     sending, recving = sched.query_finished_task()
     failed = set(sched.get_and_clear_failed_block_ids())
-    ledger.add(classify(sending, recving, failed, before))
+    ledger.add(classify(sending, recving, failed, snapshot(launched, launched.keys() - sched.get_tasks.keys())))
 
 
 def _drain(conn: Any, ledger: Ledger) -> bool:
