@@ -5,7 +5,8 @@ not memory, or memory that another registered tensor also holds, corrupts the ca
 every path that produces tensors for FlexKV (:func:`~flexkv_adapter.pipeline.build.build_view` for the KV of
 every source, :mod:`~flexkv_adapter.readers.planes` for each plane as it is read (handed this gate by the
 hybrid policy), the hybrid policy for a whole view, and
-:func:`~flexkv_adapter.flexkv.plan` for what it registers, the as-is path included) calls
+:func:`~flexkv_adapter.flexkv.plan` for what it registers, the as-is path included, and
+:func:`~flexkv_adapter.flexkv.vllm_plan.plan_form` for every vLLM 0.33 plan, the vLLM plugin's too) calls
 :func:`admit` with the groups it has. Its rules, in order (:data:`RULES`):
 
 * ``tensor``: a real device, a live storage (not meta, fake, sparse, freed), at least one dimension

@@ -217,6 +217,8 @@ def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size:
     from ..readers.vllm_layout import INDEXER_SUFFIX
 
     indexer = [n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX)]
+    # the main KV passes the gate in plan_form; the indexer entries never reach the adapter's registration:
+    # FlexKV's own register_to_server (vllm_v1_adapter.py) splits them off the dict by name and registers them
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
     # FlexKV's vLLM ModelConfig counts heads per rank x TP (what the spec reader sets): say so for MHA
     total = None if facts["kind"] == "mla" else facts["heads"] * tp_size

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -52,9 +53,12 @@ def layer_views(layout: str, layers: int, blocks: int, heads: int, tokens: int, 
     return [logical[i] for i in range(layers)]
 
 
+VARIANTS = ("plain", "shuffled", "kv-sharing", "groups", "copying")
+
+
 @st.composite
-def vllm_033_dicts(draw: st.DrawFn) -> dict[str, Any]:
-    """A dict (or hostile mapping) and what it is: layout, heads, tokens, ratio, and its variant."""
+def vllm_033_dicts(draw: st.DrawFn, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+    """A dict (or hostile mapping) and what it is: layout, heads, tokens, ratio, and its variant (of ``variants``)."""
     layout = draw(st.sampled_from(sorted(LAYOUTS)))
     layers, heads = draw(st.integers(1, 3)), draw(st.sampled_from([1, 1, 2]))
     tokens, content = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([4, 8, 12]))
@@ -64,7 +68,7 @@ def vllm_033_dicts(draw: st.DrawFn) -> dict[str, Any]:
         tokens = 2  # [B, H, 1, C] reads as per-layer pages too (the other ambiguity)
     views = layer_views(layout, layers, blocks, heads, tokens, content)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-    variant = draw(st.sampled_from(["plain", "shuffled", "kv-sharing", "groups", "copying"]))
+    variant = draw(st.sampled_from(variants))
     entries = list(zip(names, views))
     if variant == "shuffled":
         entries = draw(st.permutations(entries))
@@ -124,3 +128,28 @@ def unlabelled_entries(draw: st.DrawFn) -> Case:
     regions = [v.permute(0, 2, 1, 3).reshape(6, 1, 4) for v in per_layer]
     expected = {"kv": regions} if good else None
     return Case(kv, options, expected, [root], good, labels if good else None, {"mode": mode, "unnamed": unnamed})
+
+
+@st.composite
+def aliased_storage_dicts(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+    """vLLM 0.33 dicts whose layers view two storages over one allocation, the second's start shifted by any
+    number of pages (``torch.from_numpy`` of two slices of one array): each entry's strides and storage
+    offset are those of a valid allocation, yet an entry of one storage may start inside a layer of the
+    other (one storage cannot do this: its layer slots are disjoint) or cover another entry's bytes. Each
+    element holds its own index in the allocation, so an entry's values say which elements it views."""
+    layout = draw(st.sampled_from(sorted(LAYOUTS)))
+    layers, blocks, heads = draw(st.integers(2, 3)), draw(st.sampled_from([1, 3, 4])), draw(st.sampled_from([1, 2]))
+    tokens, content = draw(st.sampled_from([2, 4])), draw(st.sampled_from([4, 8]))
+    order, extents = LAYOUTS[layout], (layers, blocks, heads, tokens, content)
+    page = heads * tokens * content
+    total = layers * blocks * page
+    shift = draw(st.integers(-layers * blocks, layers * blocks)) * page  # whole pages: FlexKV's alignment holds
+    raw = np.arange(3 * total, dtype=np.int64)  # each element's value: its index in the allocation
+    starts = [total, total + shift]  # storage a, storage b
+    which = draw(st.lists(st.integers(0, 1), min_size=layers - 1, max_size=layers - 1))
+    which.append(1 - which[0] if len(set(which)) == 1 else draw(st.integers(0, 1)))  # both storages
+    per_layer = []
+    for i, start in enumerate(starts[w] for w in which):
+        physical = torch.from_numpy(raw[start : start + total]).view(*(extents[a] for a in order))
+        per_layer.append(physical.permute(*(order.index(a) for a in range(5)))[i])
+    return {f"model.layers.{i}.attn": v for i, v in enumerate(per_layer)}
