@@ -14,6 +14,9 @@ own transfer processes, never inside the scheduler's step.
 A step is timed in this process's CPU time (nothing in it waits), and the plugin's ratio is the median of
 paired steps: the three engines step in turn with the same requests, so a pair shares the machine's state
 (on a shared 2-core machine a round's medians moved by up to 15 %, the modes within a step by a few %).
+
+``--control``: the ``plugin`` engine is built as a second baseline (A/A), so its ratio shows what the method
+reads when nothing differs but the engine instance (each mode has an engine of its own, with its own memory).
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def lifecycle_off(conn: Any) -> None:
 class Engine:
     """vLLM's Scheduler (and for a connector mode, FlexKV's worker side) for ``n`` requests in flight."""
 
-    def __init__(self, cls: Any, mode: str, n: int, tmp: Path, seed: int = 0) -> None:
+    def __init__(self, cls: Any, mode: str, n: int, tmp: Path, seed: int = 0, control: bool = False) -> None:
         from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import KVCacheConfig  # noqa: F401
@@ -143,7 +146,7 @@ class Engine:
             self.worker = cls(config, KVConnectorRole.WORKER, kv_cache_config)
             kv_transfer_state._KV_CONNECTOR_AGENT = self.worker
             self.driver = ActiveKVConnector(config, kv_caches)
-            if mode == "baseline":
+            if mode == "baseline" or control:
                 lifecycle_off(self.scheduler.connector)
                 lifecycle_off(self.worker)
         self.kv_caches, self.added, self.finished, self.times = kv_caches, 0, 0, []
@@ -208,7 +211,9 @@ class Engine:
         return (t1 - t0) + (t3 - t2)
 
 
-def sizes_run(cls: Any, sizes: list[int], repeats: int, steps: int, tmp: Path, warm: int = 12) -> list[dict[str, Any]]:
+def sizes_run(
+    cls: Any, sizes: list[int], repeats: int, steps: int, tmp: Path, warm: int = 12, control: bool = False
+) -> list[dict[str, Any]]:
     """Per size: the three engines stepped in turn (order rotating), ``warm`` steps then ``repeats`` rounds of
     ``steps`` steps. A mode's step time is the median over rounds of its rounds' medians; the plugin's ratio
     is the median over rounds of the round's median of paired steps (plugin / baseline, same step).
@@ -218,7 +223,7 @@ def sizes_run(cls: Any, sizes: list[int], repeats: int, steps: int, tmp: Path, w
     """
     rows = []
     for n in sizes:
-        engines = {m: Engine(cls, m, n, tmp) for m in MODES}
+        engines = {m: Engine(cls, m, n, tmp, control=control) for m in MODES}
         times: dict[str, list[float]] = {m: [] for m in MODES}
         rounds: dict[str, list[float]] = {m: [] for m in MODES}
         paired: list[float] = []  # per round: the median of plugin / baseline over its steps
@@ -292,15 +297,17 @@ def growth_run(cls: Any, finished: int, window: int, n: int, tmp: Path) -> dict[
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    quick = "--quick" in argv
+    quick, control = "--quick" in argv, "--control" in argv
     cls = setup()
     with tempfile.TemporaryDirectory() as tmp:
         if quick:
             out: dict[str, Any] = {"vllm": sizes_run(cls, [1, 8], repeats=2, steps=5, tmp=Path(tmp))}
             out |= growth_run(cls, finished=60, window=10, n=4, tmp=Path(tmp))
         else:
-            plan = ((1, 7, 100, 12), (64, 7, 30, 12), (512, 5, 6, 10), (4096, 3, 2, 8))
-            out = {"vllm": [row for n, r, s, w in plan for row in sizes_run(cls, [n], r, s, Path(tmp), w)]}
+            plan = ((1, 7, 100, 12), (64, 7, 30, 12), (512, 7, 6, 10), (4096, 5, 2, 8))
+            out = {"vllm": [row for n, r, s, w in plan for row in sizes_run(cls, [n], r, s, Path(tmp), w, control)]}
+            if control:
+                return out
             out |= growth_run(cls, finished=10_000, window=1000, n=12, tmp=Path(tmp))
     return out
 
