@@ -19,8 +19,9 @@ plots ``serving.png`` (needs matplotlib: ``pip install -e '.[bench]'``; without 
   FlexKV's real KVManager (its whole Python, compiled parts replaced) for the ratios from 64 requests, and
   an in-process stand-in (bookkeeping only) for the microseconds at one request, where it resolves them
   (bench_serving_sglang.py says why); the stand-in's rows from 64 on are shown for scale, not judged.
-- growth: 10,000 finished requests (failed loads included) through the plugin's vLLM step; the median
-  step of the last 1,000 steps over that of the first 1,000.
+- growth: 10,000 finished requests (failed loads included) through the plugin's vLLM step; the first and the
+  last 1,000 steps each stepped in turn with a fresh engine of the same kind (machine drift cancels): the
+  median of step / fresh step over the last 1,000 over that of the first 1,000.
 
 Steps are timed in CPU time; a ratio is the median of paired steps (the modes step in turn). Goal: ratio
 <= 1.05 from 64 requests, <= 20 us added below, growth ratio <= 1.05.
@@ -101,7 +102,7 @@ def markdown_table(payload: dict[str, Any]) -> str:
     growth = payload.get("growth", {})
     lines.append(
         f"\nGrowth: {growth.get('finished', '?')} finished requests in {growth.get('steps', '?')} steps; median step "
-        f"of the last {growth.get('window', '?')} over the first: **{payload['growth_ratio']:.3f}**."
+        f"over a fresh engine's, last {growth.get('window', '?')} over first: **{payload['growth_ratio']:.3f}**."
     )
     return "\n".join(lines)
 

@@ -267,29 +267,56 @@ def sizes_run(
     return rows
 
 
+def _paired(engine: Engine, reference: Engine, steps: int, fail_every: int = 5) -> list[float]:
+    """``steps`` steps of ``engine`` and of ``reference`` in turn (a failed load every ``fail_every``-th):
+    engine / reference, step by step. The machine's drift over the run is in both of a pair."""
+    ratios = []
+    for step in range(steps):
+        fail = step % fail_every == 2
+        ratios.append(engine.step(fail_load=fail) / reference.step(fail_load=fail))
+    return ratios
+
+
 def growth_run(cls: Any, finished: int, window: int, n: int, tmp: Path) -> dict[str, Any]:
-    """The plugin's step through ``finished`` finished requests (a failed load every 5th step)."""
+    """The plugin's step through ``finished`` finished requests (a failed load every 5th step).
+
+    The first and the last ``window`` steps are each stepped in turn with a fresh engine of the same kind (the
+    same seed, so the same workload: its own steps 10 to 10 + ``window``): on a shared machine a step's speed
+    drifts by 20 % over the run, which a plain last/first ratio would report as growth. The growth ratio is
+    the median of engine/reference over the last window over that of the first window.
+    """
+    fresh = iter(range(2))
+
+    def reference() -> Engine:
+        folder = tmp / f"growth-reference-{next(fresh)}"
+        folder.mkdir()
+        made = Engine(cls, "plugin", n, folder, seed=1)
+        for step in range(10):  # its admissions, as the engine's first 10 steps below
+            made.step(fail_load=step % 5 == 2)
+        return made
+
     engine = Engine(cls, "plugin", n, tmp, seed=1)
-    times, step = [], 0
+    for step in range(10):  # the first admissions
+        engine.step(fail_load=step % 5 == 2)
+    first = _paired(engine, reference(), window)
+    steps = 10 + window
     while engine.finished < finished:
-        times.append(engine.step(fail_load=step % 5 == 2))
-        step += 1
-    if len(times) < 2 * window + 10:
-        raise SystemExit(f"bench_serving: {len(times)} steps are too few for two windows of {window}")
-    first = statistics.median(times[10 : 10 + window])  # after the first admissions
-    last = statistics.median(times[-window:])
+        engine.step(fail_load=steps % 5 == 2)
+        steps += 1
+    last = _paired(engine, reference(), window)
+    first_ratio, last_ratio = statistics.median(first), statistics.median(last)
     ledger = engine.scheduler.connector._flexkv_adapter_ledger
     side = engine.scheduler.connector._flexkv_connector.connector
     sizes = {k: len(getattr(ledger, k)) for k in ("sending", "recving", "failed", "with_workers", "no_refetch")}
     sizes |= {k: len(getattr(side, k)) for k in ("req_id_to_task_dict", "get_tasks", "put_tasks", "tasks_to_launch")}
     return {
-        "growth_ratio": round(last / first, 3),
+        "growth_ratio": round(last_ratio / first_ratio, 3),
         "growth": {
             "finished": engine.finished,
-            "steps": len(times),
+            "steps": steps + window,
             "in_flight": n,
-            "first_median_us": round(first * 1e6, 2),
-            "last_median_us": round(last * 1e6, 2),
+            "first_vs_reference": round(first_ratio, 4),
+            "last_vs_reference": round(last_ratio, 4),
             "window": window,
             "sizes_at_end": sizes,
         },

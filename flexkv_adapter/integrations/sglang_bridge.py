@@ -253,7 +253,8 @@ class BridgeConnector:
         """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank); quarantined
         loads whose copy ended give their slots back."""
         keys = self.connector.check_completed_stores()
-        self.quarantine.poll(self.manager, self.leader)
+        if self.quarantine.held:  # the same list on every rank: all enter poll's collective or none
+            self.quarantine.poll(self.manager, self.leader)
         return [self.stores.completed(key) or self._handle(key) for key in keys]
 
     def _handle(self, key: str) -> Any:

@@ -90,6 +90,10 @@ class ObservedManager:
             self.seen.waits.update(result)
         return result
 
+    def try_wait(self, *args: Any, **kwargs: Any) -> Any:
+        """FlexKV's store poll, every step: a method, as a miss into __getattr__ costs an AttributeError."""
+        return self.manager.try_wait(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         if name == "manager":
             raise AttributeError(name)
