@@ -127,10 +127,15 @@ set_handler = signal.signal  # bound before tests.sglang.real_flexkv.prepare() m
 
 @contextlib.contextmanager
 def deadline(seconds: int, what: str) -> Iterator[None]:
-    """Exit with ``what`` after ``seconds`` (SIGALRM): a benchmark that hangs tells nobody anything."""
+    """Exit with ``what`` after ``seconds`` (SIGALRM), FlexKV's processes with it: a benchmark that hangs tells
+    nobody anything, and a plain exit would join FlexKV's transfer process (not a daemon) for good."""
 
     def expire(signum: int, frame: Any) -> None:
-        raise SystemExit(f"bench_serving: {what} in {seconds} s")
+        print(f"bench_serving: {what} in {seconds} s", file=sys.stderr, flush=True)
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(3)
 
     previous = set_handler(signal.SIGALRM, expire)
     signal.alarm(seconds)
@@ -139,6 +144,21 @@ def deadline(seconds: int, what: str) -> Iterator[None]:
     finally:
         signal.alarm(0)
         set_handler(signal.SIGALRM, previous)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (Linux /proc), children before their own children."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def _poll_ready_often(mp: Any) -> None:

@@ -283,7 +283,9 @@ def growth_run(cls: Any, finished: int, window: int, n: int, tmp: Path) -> dict[
     The first and the last ``window`` steps are each stepped in turn with a fresh engine of the same kind (the
     same seed, so the same workload: its own steps 10 to 10 + ``window``): on a shared machine a step's speed
     drifts by 20 % over the run, which a plain last/first ratio would report as growth. The growth ratio is
-    the median of engine/reference over the last window over that of the first window.
+    the median of engine/reference over the last window over that of the first window. It reads the growth of a
+    step's own work (a scan of a table that only grows); what slows the whole process (a heap that collections
+    walk) slows the reference too and cancels: ``sizes_at_end`` shows the plugin's and FlexKV's tables for that.
     """
     fresh = iter(range(2))
 

@@ -228,16 +228,17 @@ class Quarantine:
         flags = [1] * len(self.held)
         if leader and manager is not None:
             tids = [h.tid for h in self.held]
+            # the answer is read inside the try too: the leader must reach the collective whatever FlexKV returns
             try:
                 responses = manager.try_wait(tids) or {}
-            except Exception as exc:  # FlexKV unreachable: keep the slots, and say so once
+                flags = [int(status_of(responses.get(t)) in ENDED) for t in tids]
+            except Exception as exc:  # FlexKV unreachable or unreadable: keep the slots, and say so once
                 if not self._unreachable:
                     logger.warning("flexkv_adapter (SGLang plugin): FlexKV's try_wait failed (%s); %d quarantined "
                                    "load(s) keep their slots until it answers", exc, len(tids))  # fmt: skip
-                self._unreachable, responses = True, {}
+                self._unreachable, flags = True, [0] * len(tids)
             else:
                 self._unreachable = False
-            flags = [int(status_of(responses.get(t)) in ENDED) for t in tids]
         flags = self.agreement.min(flags)
         ended = [h for h, f in zip(self.held, flags, strict=True) if f]
         self.held = [h for h, f in zip(self.held, flags, strict=True) if not f]

@@ -52,6 +52,55 @@ def test_quarantined_slots_are_freed_in_the_allocators_dtype_and_device_once_fle
     assert (given_back.dtype, given_back.device, given_back.tolist()) == (torch.int32, slots.device, [7, 8, 9])
 
 
+class _Answering:
+    """A KVManager whose try_wait answers ``answer`` (or raises it)."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def try_wait(self, tids: list[int]) -> object:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+class _Counting(Agreement):
+    """An agreement that counts its collectives (every rank must enter each one the leader enters)."""
+
+    def __init__(self) -> None:
+        super().__init__(None, False)
+        self.entered = 0
+
+    def min(self, values: list[int]) -> list[int]:
+        self.entered += 1
+        return values
+
+
+_ANSWERS = st.one_of(
+    st.none(),
+    st.lists(st.integers()),
+    st.integers(),
+    st.text(max_size=3),
+    st.just({5: object()}),
+    st.just(RuntimeError("FlexKV's server is gone")),
+    st.just({5: types.SimpleNamespace(status=types.SimpleNamespace(value="RUNNING"))}),
+)
+
+
+@given(_ANSWERS)
+def test_a_poll_enters_the_collective_and_keeps_the_slots_whatever_flexkv_answers(answer):
+    """A try_wait answer the leader cannot read (not a dict, no status, raised) keeps the slots held, and the
+    leader still enters the agreement its other ranks wait in."""
+    agreement, allocator = _Counting(), _Allocator()
+    quarantine = Quarantine(agreement)
+    quarantine.attach(allocator)
+    quarantine.add(5, torch.tensor([7, 8]))
+    assert quarantine.poll(_Answering(answer), leader=True) == 0
+    assert agreement.entered == 1 and len(quarantine) == 1 and allocator.freed == []
+    ended = {5: types.SimpleNamespace(status="SUCCESS")}
+    assert quarantine.poll(_Answering(ended), leader=True) == 1 and [t.tolist() for t in allocator.freed] == [[7, 8]]
+
+
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("add"), st.lists(st.integers(0, 15), min_size=1, max_size=4)),  # a load quarantined
