@@ -350,7 +350,7 @@ REAL, STANDIN = "real KVManager", "stand-in"
 # time (FlexKV's own processes work through it), and start-up (two FlexKV servers with their workers) about 30 s.
 PLANS = {
     STANDIN: [("bridge", 1, 6, 200), ("radix", 1, 6, 100), ("bridge", 64, 6, 10), ("radix", 64, 6, 4)],
-    REAL: [("bridge", 64, 4, 6), ("bridge", 256, 4, 2), ("radix", 64, 4, 4)],
+    REAL: [("bridge", 64, 4, 4), ("bridge", 256, 4, 2), ("radix", 64, 4, 4)],
 }
 QUICK = [("bridge", 1, 2, 4), ("radix", 1, 2, 4), ("bridge", 8, 2, 2), ("radix", 8, 2, 2)]
 
