@@ -6,7 +6,8 @@ every path that produces tensors for FlexKV (:func:`~flexkv_adapter.pipeline.bui
 every source, :mod:`~flexkv_adapter.readers.planes` for each plane as it is read (handed this gate by the
 hybrid policy), the hybrid policy for a whole view, and
 :func:`~flexkv_adapter.flexkv.plan` for what it registers, the as-is path included, and
-:func:`~flexkv_adapter.flexkv.vllm_plan.plan_form` for every vLLM 0.33 plan, the vLLM plugin's too) calls
+:func:`~flexkv_adapter.flexkv.vllm_plan.plan_form` for every vLLM 0.33 plan, the vLLM plugin's too, and
+:func:`~flexkv_adapter.flexkv.vllm_indexer.check_indexer` for the indexer entries FlexKV's own split registers) calls
 :func:`admit` with the groups it has. Its rules, in order (:data:`RULES`):
 
 * ``tensor``: a real device, a live storage (not meta, fake, sparse, freed), at least one dimension

@@ -213,12 +213,14 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
 
 def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int) -> tuple[Any, list[str]]:
     """The adapter's plan of the main KV caches, and the indexer entries left out of it."""
+    from ..flexkv.vllm_indexer import check_indexer
     from ..flexkv.vllm_plan import plan_vllm
     from ..readers.vllm_layout import INDEXER_SUFFIX
 
     indexer = [n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX)]
     # the main KV passes the gate in plan_form; the indexer entries never reach the adapter's registration:
-    # FlexKV's own register_to_server (vllm_v1_adapter.py) splits them off the dict by name and registers them
+    # FlexKV's own register_to_server (vllm_v1_adapter.py) splits them off the dict by name and registers them,
+    # so they are checked against what it does with them (check_indexer, after the main plan)
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
     # FlexKV's vLLM ModelConfig counts heads per rank x TP (what the spec reader sets): say so for MHA
     total = None if facts["kind"] == "mla" else facts["heads"] * tp_size
@@ -230,6 +232,7 @@ def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size:
         total_kv_heads=total,
         content=facts["content"],
     )
+    check_indexer({n: kv_caches[n] for n in indexer}, num_block=p.num_block, tokens_per_block=p.tokens_per_block)
     return p, indexer
 
 

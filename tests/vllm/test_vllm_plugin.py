@@ -140,6 +140,22 @@ def test_indexer_entries_go_through_flexkvs_own_split_only_when_it_reads_the_sam
     assert (sent["kv_layout"].num_kv_heads, sent["kv_layout"].tokens_per_block, len(sent["kv_caches"])) == (1, 64, 3)
 
 
+@pytest.mark.parametrize(
+    ("indexer", "refusal"),
+    [
+        (lambda: torch.zeros(10, 64, 132, dtype=torch.uint8)[::2], "not contiguous"),  # FlexKV ignores strides
+        (lambda: torch.zeros(4, 64, 132, dtype=torch.uint8), "read past its end"),  # fewer rows than blocks
+    ],
+)
+def test_indexer_entries_flexkv_would_misread_fail_start_up_before_it_sees_them(plugged, tmp_path, indexer, refusal):
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", "mla")
+    kv_caches["model.layers.0.self_attn.indexer.k_cache"] = indexer()
+    worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, kv_cache_config)
+    with pytest.raises(NotAddressableError, match=refusal):
+        worker.register_kv_caches(kv_caches)
+    assert registrations() == []
+
+
 def test_a_spec_block_other_than_flexkvs_block_fails_start_up(plugged, tmp_path):
     from flexkv_adapter import AdapterError
 

@@ -1,0 +1,60 @@
+"""DeepSeek-V3.2 indexer entries of a vLLM cache dict, checked against what FlexKV 34ab141 does with them.
+
+FlexKV's own ``register_to_server`` (``vllm_v1_adapter.py:826-957``) splits every ``.k_cache`` entry off the
+dict by name and registers them as a second layer group whose layout it reads off the *first* entry alone:
+LAYERFIRST, one head, ``num_block = shape[0]``, ``tokens_per_block = shape[1]``, ``head_size = shape[2]``,
+``compress_ratio = block_size // shape[1]``, addressed with the main KV's block ids. Its workers then read
+block ``b`` of an entry at ``data_ptr + b * shape[1] * shape[2] * itemsize`` (strides ignored). So each entry
+must be exactly that arithmetic, or FlexKV stores and restores other bytes without a word. The vLLM plugin
+is the one path that hands these entries to FlexKV (``plan()`` refuses them), and it calls :func:`check_indexer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..errors import InconsistentLayersError, NotAddressableError, describe
+from ..gate import Group, admit
+
+
+def check_indexer(entries: Mapping[str, torch.Tensor], *, num_block: int, tokens_per_block: int) -> None:
+    """Refuse indexer entries FlexKV would misread; ``num_block``/``tokens_per_block``: the main KV's plan."""
+    if not entries:
+        return
+    where = "vLLM indexer caches (FlexKV registers them as its second layer group)"
+    tensors = tuple(entries.values())
+    if bad := next((n for n, t in entries.items() if not isinstance(t, torch.Tensor)), None):
+        raise NotAddressableError(f"{where}: {bad} is {type(entries[bad]).__name__}, not a tensor")
+    admit(where, [Group("indexer", tensors, None, 1)])  # memory, a row, no bytes shared between two entries
+    first_name, first = next(iter(entries.items()))
+    if first.ndim != 3:
+        raise NotAddressableError(
+            f"{where}: {first_name} is {describe(first)}; FlexKV reads a 3-D [blocks, tokens, bytes] cache"
+        )
+    for name, t in entries.items():  # FlexKV's layout is the first entry's: every other one must match it
+        if (t.shape, t.dtype, t.device) != (first.shape, first.dtype, first.device):
+            raise InconsistentLayersError(
+                f"{where}: {name} ({describe(t)}) differs from {first_name} ({describe(first)}); FlexKV lays "
+                f"every entry out as the first"
+            )
+        if not t.is_contiguous():
+            raise NotAddressableError(
+                f"{where}: {name} ({describe(t)}) is not contiguous; FlexKV reads block b at "
+                f"data_ptr + b x {first.shape[1]} x {first.shape[2]} elements, so it would copy other bytes"
+            )
+    blocks, tokens = int(first.shape[0]), int(first.shape[1])
+    if blocks < num_block:
+        raise NotAddressableError(
+            f"{where}: {first_name} has {blocks} blocks, but FlexKV addresses it with the main KV cache's block "
+            f"ids (up to {num_block - 1}): it would read past its end"
+        )
+    if tokens > tokens_per_block or tokens_per_block % tokens:
+        raise NotAddressableError(
+            f"{where}: {first_name} has {tokens}-token blocks; FlexKV's compress ratio is "
+            f"{tokens_per_block} // {tokens} (the main KV's block over the indexer's), which must divide exactly"
+        )
+
+
+__all__ = ["check_indexer"]
