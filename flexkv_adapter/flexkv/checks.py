@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import NotAddressableError, PlanError, describe
+from ..gate import Group, admit
 from ..model.copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, shard_problem
+from .plan_types import AddressingMode
 
 if TYPE_CHECKING:
     from .plan_types import FlexKVPlan
 
+logger = logging.getLogger(__name__)
 SHARED_KV_MODES = ("sharded", "all_write", "rank0_only", "layer_parallel", "rank_rotate")
 
 
@@ -38,6 +42,16 @@ def flexkv_stride_probe(t: torch.Tensor, tokens_per_block: int) -> tuple[int, in
     if kv is None or block is None:
         return None
     return t.stride(kv) * t.element_size(), t.stride(block) * t.element_size()
+
+
+def admit_plan(p: FlexKVPlan, source: str) -> None:
+    """The gate on what a plan registers, in FlexKV's call shape for its mode: SGLANG all K then all V (two a
+    layer), VLLM one a layer, TRTLLM (BLOCKFIRST) one for every layer. One tensor under two layer names (KV
+    sharing) is accepted with one INFO line a plan (the vLLM plugin plans at every registration and wake)."""
+    per_layer = 2 if p.mode is AddressingMode.SGLANG else 1
+    ids = None if p.mode is AddressingMode.TRTLLM else tuple(p.layer_ids)
+    if warnings := admit(source, [Group("KV", tuple(p.tensors), ids, per_layer)]):
+        logger.info("%s: one tensor under several layer names (KV sharing): %s", source, "; ".join(warnings))
 
 
 def check_five_d(p: FlexKVPlan, source: str) -> None:

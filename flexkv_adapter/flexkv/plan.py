@@ -29,7 +29,6 @@ import torch
 from typing_extensions import Unpack
 
 from ..errors import PlanError
-from ..gate import Group, admit
 from ..model.axes import format_axes, parse_axes
 from ..model.layout import Geometry, Interpretation
 from ..model.views import MHAView, PoolView
@@ -42,7 +41,7 @@ from ..readers.planes import carries_planes
 from ..readers.sources import Source, locate_source
 from ..readers.vllm_layout import is_vllm_dict
 from ..text import short_repr
-from .checks import check_chunks, check_five_d
+from .checks import admit_plan, check_chunks, check_five_d
 from .groups import check_not_partial, plan_groups
 from .model import (
     LayoutFacts,
@@ -227,7 +226,5 @@ def plan(
     check_chunks(result, chunks, name, tp)
     if isinstance(source, PoolView) and source.whole is not None:
         return replace(result, groups=plan_groups(result, source, tp, name))  # the gate, with the group rules
-    per_layer = 2 if mode is AddressingMode.SGLANG else 1  # SGLANG: all K, then all V
-    ids = None if mode is AddressingMode.TRTLLM else layer_ids  # one tensor for every layer
-    admit(name, [Group("KV", tuple(result.tensors), ids, per_layer)])  # the gate, for the as-is path too
+    admit_plan(result, name)  # the gate, for the as-is path too
     return result

@@ -7,15 +7,13 @@ See :mod:`flexkv_adapter.readers.vllm_layout`. Every plan passes :func:`~flexkv_
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import torch
 
-from ..gate import Group, admit
 from ..model.layout import ViewKind
 from ..readers.vllm_layout import VLLMForm, vllm_form
-from .checks import check_chunks
+from .checks import admit_plan, check_chunks
 from .model import (
     LayoutFacts,
     ModelFacts,
@@ -26,8 +24,6 @@ from .model import (
     registered_kv_heads,
 )
 from .plan_types import AddressingMode, FlexKVPlan, LayoutType
-
-logger = logging.getLogger(__name__)
 
 
 def plan_vllm(
@@ -83,12 +79,8 @@ def plan_form(
         dtype=dtype,
         kind=form.kind,
     )
-    # the gate (memory first, then FlexKV's arithmetic on it), in plan()'s as-is call shape: VLLM mode is one
-    # tensor per layer, TRTLLM (BLOCKFIRST) one for every layer. Only the main KV: a dict's DeepSeek-V3.2
-    # indexer entries (".k_cache") are never in a form; FlexKV's own vllm_v1_adapter registers them from the dict
-    ids = result.layer_ids if result.mode is AddressingMode.VLLM else None
-    if warnings := admit(name, [Group("KV", result.tensors, ids, 1)]):  # KV sharing: one tensor, two names
-        # one line a plan (the plugin plans at every registration and wake): a tensor per pair of names
-        logger.info("%s: one tensor under several layer names (vLLM KV sharing): %s", name, "; ".join(warnings))
+    # the gate (memory first, then FlexKV's arithmetic on it), as plan()'s as-is path. Only the main KV: a dict's
+    # DeepSeek-V3.2 indexer entries (".k_cache") are never in a form (the vLLM plugin checks them: vllm_indexer)
+    admit_plan(result, name)
     check_chunks(result, {0: list(form.chunks)}, name, tp_size)
     return result

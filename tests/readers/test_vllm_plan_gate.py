@@ -27,7 +27,7 @@ from .test_vllm_layout import views
 
 GATE_OVERLAP = "share bytes"  # admit()'s overlap rule
 HMA = "distinct views of the same bytes"  # read_geometry's: same start, another view
-LOGGER = "flexkv_adapter.flexkv.vllm_plan"
+LOGGER = "flexkv_adapter.flexkv.checks"  # admit_plan: every plan's gate line
 
 
 def _plan_vllm(kv):
