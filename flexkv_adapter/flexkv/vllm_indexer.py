@@ -6,7 +6,8 @@ LAYERFIRST, one head, ``num_block = shape[0]``, ``tokens_per_block = shape[1]``,
 ``compress_ratio = block_size // shape[1]``, addressed with the main KV's block ids. Its workers then read
 block ``b`` of an entry at ``data_ptr + b * shape[1] * shape[2] * itemsize`` (strides ignored). So each entry
 must be exactly that arithmetic, or FlexKV stores and restores other bytes without a word. The vLLM plugin
-is the one path that hands these entries to FlexKV (``plan()`` refuses them), and it calls :func:`check_indexer`.
+is the one path that hands these entries to FlexKV (``plan()`` refuses them): it takes them by FlexKV's own rule
+(:func:`indexer_entries`) and calls :func:`check_indexer` on them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,20 @@ import torch
 
 from ..errors import InconsistentLayersError, NotAddressableError, describe
 from ..gate import Group, admit
+
+FLEXKV_INDEXER_MARK = ".k_cache"  # FlexKV's split: an entry whose name contains it (vllm_v1_adapter.py:830)
+
+
+def indexer_entries(kv_caches: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries FlexKV's split takes as indexer caches, each in the form FlexKV 34ab141 reads: vLLM 0.33 hands
+    a ``[B, 1, N, C]`` view per layer (``allocate_kv_cache``; only the layer's own copy is squeezed, in
+    ``DeepseekV32IndexerCache.bind_kv_cache``), and FlexKV asserts a 3-D ``[B, N, C]`` (:911): the one-head
+    view is squeezed here (the same memory, no copy). Anything else is passed as it is, for :func:`check_indexer`."""
+    return {n: _squeezed(t) for n, t in kv_caches.items() if isinstance(n, str) and FLEXKV_INDEXER_MARK in n}
+
+
+def _squeezed(t: torch.Tensor) -> torch.Tensor:
+    return t.squeeze(1) if isinstance(t, torch.Tensor) and t.ndim == 4 and t.shape[1] == 1 else t
 
 
 def check_indexer(entries: Mapping[str, torch.Tensor], *, num_block: int, tokens_per_block: int) -> None:
@@ -57,4 +72,4 @@ def check_indexer(entries: Mapping[str, torch.Tensor], *, num_block: int, tokens
         )
 
 
-__all__ = ["check_indexer"]
+__all__ = ["FLEXKV_INDEXER_MARK", "check_indexer", "indexer_entries"]

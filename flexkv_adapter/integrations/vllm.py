@@ -115,17 +115,19 @@ def _patch_connector(cls: Any) -> None:
                 f"the KV cache spec's block is {p.tokens_per_block} tokens; FlexKV's block ids would address the "
                 f"wrong bytes"
             )
-        if indexer and not _flexkv_reads_it_alike(p, kv_caches):
+        first = next(t for n, t in kv_caches.items() if n not in indexer)
+        if indexer and not _flexkv_reads_it_alike(p, first):
             raise NotAddressableError(
                 f"flexkv_adapter: {p} needs the adapter's registration, which does not carry DeepSeek-V3.2 indexer "
-                f"caches ({', '.join(indexer[:2])}, ...); set VLLM_KV_CACHE_LAYOUT=LBNHC and a --block-size equal "
-                f"to the attention kernel's block size"
+                f"caches ({', '.join(list(indexer)[:2])}, ...); set VLLM_KV_CACHE_LAYOUT=LBNHC and a --block-size "
+                f"equal to the attention kernel's block size"
             )
         if not indexer:  # with indexer entries FlexKV's own registration (which splits them off) is the same plan
             worker.register_to_server = types.MethodType(
                 functools.partial(_register, facts=facts, tp_size=tp_size), worker
             )
-        original_register(self, kv_caches)
+        # FlexKV's own split gets the indexer entries in the form it reads (vLLM's one-head views squeezed)
+        original_register(self, {**kv_caches, **indexer})
         setattr(self, vllm_lifecycle.ASLEEP, False)  # a fresh registration (after discard) is awake
 
     def get_required_kvcache_layout(cls: Any, vllm_config: Any) -> str:
@@ -184,7 +186,9 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
     spec = groups[0].kv_cache_spec
     per_layer = getattr(spec, "kv_cache_specs", None)
     if isinstance(per_layer, Mapping) and per_layer:  # one spec per layer: take an attention layer's
-        spec = next((v for n, v in per_layer.items() if not str(n).endswith(".k_cache")), spec)
+        from ..flexkv.vllm_indexer import FLEXKV_INDEXER_MARK
+
+        spec = next((v for n, v in per_layer.items() if FLEXKV_INDEXER_MARK not in str(n)), spec)
     padding = {n: getattr(spec, n, None) for n in ("page_size_padded", "state_content_bytes", "num_head_slots")}
     padding = {n: v for n, v in padding.items() if v is not None}
     if padding:
@@ -211,16 +215,17 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
     return {"kind": kind, "heads": int(spec.num_kv_heads), "content": content, "block_size": int(spec.block_size)}
 
 
-def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int) -> tuple[Any, list[str]]:
-    """The adapter's plan of the main KV caches, and the indexer entries left out of it."""
-    from ..flexkv.vllm_indexer import check_indexer
+def _plan(
+    kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int
+) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The adapter's plan of the main KV caches, and the indexer entries as FlexKV's own split must get them."""
+    from ..flexkv.vllm_indexer import check_indexer, indexer_entries
     from ..flexkv.vllm_plan import plan_vllm
-    from ..readers.vllm_layout import INDEXER_SUFFIX
 
-    indexer = [n for n in kv_caches if str(n).endswith(INDEXER_SUFFIX)]
     # the main KV passes the gate in plan_form; the indexer entries never reach the adapter's registration:
     # FlexKV's own register_to_server (vllm_v1_adapter.py) splits them off the dict by name and registers them,
-    # so they are checked against what it does with them (check_indexer, after the main plan)
+    # so they are taken by its rule and checked against what it does with them
+    indexer = indexer_entries(kv_caches)
     main = {n: t for n, t in kv_caches.items() if n not in indexer}
     # FlexKV's vLLM ModelConfig counts heads per rank x TP (what the spec reader sets): say so for MHA
     total = None if facts["kind"] == "mla" else facts["heads"] * tp_size
@@ -232,13 +237,13 @@ def _plan(kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size:
         total_kv_heads=total,
         content=facts["content"],
     )
-    check_indexer({n: kv_caches[n] for n in indexer}, num_block=p.num_block, tokens_per_block=p.tokens_per_block)
+    check_indexer(indexer, num_block=p.num_block, tokens_per_block=p.tokens_per_block)
     return p, indexer
 
 
-def _flexkv_reads_it_alike(p: Any, kv_caches: Mapping[str, torch.Tensor]) -> bool:
-    """FlexKV's own 4-D registration (LAYERFIRST, heads = shape[1], tokens = shape[2]) equals the plan."""
-    first = next(t for n, t in kv_caches.items() if not str(n).endswith(".k_cache"))
+def _flexkv_reads_it_alike(p: Any, first: torch.Tensor) -> bool:
+    """FlexKV's own 4-D registration of the main KV (LAYERFIRST, heads = shape[1], tokens = shape[2]) equals the
+    plan; ``first``: the main KV's first entry."""
     return bool(
         p.type.value == "LAYERFIRST"
         and p.num_kv_heads == p.num_head == first.shape[1]

@@ -98,3 +98,20 @@ def test_a_strided_indexer_is_refused_with_the_arithmetic_it_breaks():
 
 def test_no_indexer_entries_is_nothing_to_check():
     check_indexer({}, num_block=0, tokens_per_block=0)
+
+
+def test_the_entries_are_flexkvs_by_its_own_name_rule_and_vllms_one_head_views_are_squeezed():
+    from flexkv_adapter.flexkv.vllm_indexer import indexer_entries
+
+    one_head = torch.arange(5 * 64 * 4, dtype=torch.int16).view(5, 1, 64, 4)  # vLLM 0.33's [B, 1, N, C]
+    two_heads = torch.zeros(5, 2, 64, 4)
+    kv = {
+        "model.layers.0.self_attn.attn": torch.zeros(5, 1, 64, 8),
+        "model.layers.0.self_attn.indexer.k_cache": one_head,
+        "model.layers.1.self_attn.indexer.k_cache.extra": two_heads,  # FlexKV's "in", not "endswith"
+    }
+    got = indexer_entries(kv)
+    assert list(got) == ["model.layers.0.self_attn.indexer.k_cache", "model.layers.1.self_attn.indexer.k_cache.extra"]
+    first = got["model.layers.0.self_attn.indexer.k_cache"]
+    assert first.shape == (5, 64, 4) and first.data_ptr() == one_head.data_ptr() and torch.equal(first, one_head[:, 0])
+    assert got["model.layers.1.self_attn.indexer.k_cache.extra"] is two_heads  # not squeezable: left to the check

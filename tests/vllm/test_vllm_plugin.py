@@ -140,6 +140,26 @@ def test_indexer_entries_go_through_flexkvs_own_split_only_when_it_reads_the_sam
     assert (sent["kv_layout"].num_kv_heads, sent["kv_layout"].tokens_per_block, len(sent["kv_caches"])) == (1, 64, 3)
 
 
+def test_vllms_own_one_head_indexer_views_reach_flexkvs_split_as_the_3d_caches_it_reads(plugged, tmp_path):
+    """vLLM 0.33's allocate_kv_cache gives an indexer layer a [B, 1, N, C] view; FlexKV 34ab141 asserts 3-D
+    (vllm_v1_adapter.py:911): the plugin hands its split the squeezed view of the same memory."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", "mla")
+    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=132, dtype=torch.uint8)  # the indexer's
+    (vllms,) = allocate("LBNHC", "mla", layers=1, spec=spec)[0].values()  # vLLM's own allocation: 4-D
+    assert vllms.shape == (5, 1, 64, 132)
+    kv_caches["model.layers.0.self_attn.indexer.k_cache"] = vllms
+    worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, kv_cache_config)
+    worker.register_kv_caches(kv_caches)
+    (sent,) = registrations()
+    main, indexer = sent["handles_per_group"]
+    (got,) = indexer
+    assert got.shape == (5, 64, 132) and got.data_ptr() == vllms.data_ptr() and got.is_contiguous()
+    assert torch.equal(got, vllms[:, 0]) and len(main) == 3
+    assert sent["gpu_layouts"][1].num_block == 5 and sent["gpu_layouts"][1].tokens_per_block == 64
+
+
 @pytest.mark.parametrize(
     ("indexer", "refusal"),
     [

@@ -29,6 +29,8 @@ class KVTPClient:
                 kv_layout=kv_layout,
                 resume=resume,
                 layer_groups=layer_groups,
+                gpu_layouts=gpu_layouts,
+                handles_per_group=handles_per_group,
                 device_id=override_device_id or self.device_id,
             )
         )
