@@ -24,7 +24,7 @@ from typing import Any
 from ..config.settings import load_settings
 from ..errors import AdapterError
 from .sglang_flush import SCHEDULER_MODULE, flush
-from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome, status_of
+from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 from .sglang_resolve import (
     CALLS,
@@ -190,8 +190,7 @@ class BridgeConnector:
         if agreed == QUARANTINE:
             self.quarantine.add(tid if self.leader else -1, slot_mapping)
         if local != count:
-            status = status_of(seen.waits[tid]) if tid in seen.waits else "not launched"
-            why = error or f"task {tid}: {status}, {returned} of {count} slots"
+            why = error or f"task {tid}: {seen.status(tid, 'not launched')}, {returned} of {count} slots"
             outcome = "quarantined until FlexKV's copy ends" if agreed == QUARANTINE else "its slots are freed"
             self._failed("load", key, why, f"served as a miss; {outcome}")
         return 0

@@ -45,6 +45,10 @@ class Seen:
         self.waits: dict[int, Any] = {}  # wait()'s responses as FlexKV gave them (read with status_of)
         self.manager_error: BaseException | None = None  # launch() or wait() raised
 
+    def status(self, tid: int, unseen: str = "") -> str:
+        """Task ``tid``'s status as its wait gave it (:func:`status_of`), or ``unseen`` if it was not waited on."""
+        return status_of(self.waits[tid]) if tid in self.waits else unseen
+
 
 class ObservedManager:
     """The leader's KVManager, unchanged, recording each call's tasks for the bridge.
@@ -122,7 +126,7 @@ def load_outcome(leader: bool, seen: Seen, tid: int, count: int, returned: int |
     or :data:`QUARANTINE` (FlexKV launched a copy whose end it has not reported)."""
     if not leader:
         return count if not raised and returned == count else 0
-    status = status_of(seen.waits[tid]) if tid in seen.waits else ""
+    status = seen.status(tid)
     if not raised and status == "success" and returned == count:
         return count
     if tid in seen.launched and status not in ENDED:

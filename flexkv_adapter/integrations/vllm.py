@@ -115,8 +115,7 @@ def _patch_connector(cls: Any) -> None:
                 f"the KV cache spec's block is {p.tokens_per_block} tokens; FlexKV's block ids would address the "
                 f"wrong bytes"
             )
-        first = next(t for n, t in kv_caches.items() if n not in indexer)
-        if indexer and not _flexkv_reads_it_alike(p, first):
+        if indexer and not _flexkv_reads_it_alike(p, next(t for n, t in kv_caches.items() if n not in indexer)):
             raise NotAddressableError(
                 f"flexkv_adapter: {p} needs the adapter's registration, which does not carry DeepSeek-V3.2 indexer "
                 f"caches ({', '.join(list(indexer)[:2])}, ...); set VLLM_KV_CACHE_LAYOUT=LBNHC and a --block-size "
