@@ -251,10 +251,34 @@ class BridgeConnector:
     def check_completed_stores(self) -> list[Any]:
         """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank); quarantined
         loads whose copy ended give their slots back."""
-        keys = self.connector.check_completed_stores()
+        try:
+            keys = self.connector.check_completed_stores()
+        except Exception as exc:
+            keys = self._poll_failed(exc)
+        else:
+            self._poll_failing = False
         if self.quarantine.held:  # the same list on every rank: all enter poll's collective or none
             self.quarantine.poll(self.manager, self.leader)
         return [self.stores.completed(key) or self._handle(key) for key in keys]
+
+    _poll_failing = False  # FlexKV's store poll raised on the last call (its error is logged once per streak)
+
+    def _poll_failed(self, error: Exception) -> list[str]:
+        """The stores FlexKV's raising poll already took off its in-flight table: complete (it pops only terminal
+        ones, connector.py:1224-1241), reported so that SGLang unlocks their nodes; the rest are polled again. At TP
+        above 1 the raise may be its scatter to the other ranks (connector.py:1219-1223): the ranks' in-flight
+        stores may differ from then on, so it stops here, explained, rather than serve diverged trees."""
+        if self.agreement.active:
+            raise AdapterError(f"{PREFIX}: FlexKV's store-completion poll failed at TP > 1, where the ranks must "
+                               f"agree on it: {type(error).__name__}: {error}") from error  # fmt: skip
+        inflight = getattr(self.connector, "_inflight_stores", {})
+        taken = [key for key in self.stores.reports if key not in inflight]
+        if not self._poll_failing:
+            self._failed("store-completion poll", f"{len(self.stores)} store(s) in flight", error,
+                         f"{len(taken)} it had taken are reported complete, the rest polled again; logged once until "
+                         "it answers")  # fmt: skip
+        self._poll_failing = True
+        return taken
 
     def _handle(self, key: str) -> Any:
         """The handle the key was made from: equal to SGLang's (a frozen dataclass of rid, attempt_id)."""
