@@ -23,8 +23,9 @@ plots ``serving.png`` (needs matplotlib: ``pip install -e '.[bench]'``; without 
   last 1,000 steps each stepped in turn with a fresh engine of the same kind (machine drift cancels): the
   median of step / fresh step over the last 1,000 over that of the first 1,000.
 
-Steps are timed in CPU time; a ratio is the median of paired steps (the modes step in turn). Goal: ratio
-<= 1.05 from 64 requests, <= 20 us added below, growth ratio <= 1.05.
+Steps are timed in CPU time; a ratio is the median of paired steps (vLLM's engines step in turn; SGLang's
+modes take turns request by request within a step). Goal: ratio <= 1.05 from 64 requests, <= 20 us added
+below, growth ratio <= 1.05.
 """
 
 from __future__ import annotations

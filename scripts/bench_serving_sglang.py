@@ -8,7 +8,7 @@ SGLang 0.5.23's real FlexKVRadixCache, pools and allocator (tests/sglang/radix_h
 - ``bridge``: a step of ``n`` requests, each a lookup, a retrieve on a hit and a store, then one poll
   of completed stores: through the plugin's ``BridgeConnector`` (``handle=``) against FlexKV's
   connector called directly with ``rid=`` over its own KVManager (the bridge's recording wrapper of it
-  set aside), stepped in turn, each mode on a connector of its own.
+  set aside), request by request in turn, each mode on a connector of its own, then each polls.
 - ``radix``: the same step through FlexKVRadixCache (match_prefix + init_load_back, checkpoint,
   check_hicache_events, evict) with the plugin's hooks against without them (the hooked methods
   unwrapped on the instance; the bridge stays, as FlexKV cannot be served without it).
@@ -76,7 +76,9 @@ class Workload:
         return f"{self.tag}{self.i}", ids
 
 
-def bridge_step(r: Any, work: Workload, n: int, direct: bool) -> float:
+def _bridge_request(r: Any, ids: list[int], rid: str, direct: bool) -> float:
+    """One request through the bridge (``handle=``) or FlexKV's connector called directly (``rid=``): a lookup,
+    a retrieve on a hit, a store."""
     import torch
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 
@@ -84,36 +86,82 @@ def bridge_step(r: Any, work: Workload, n: int, direct: bool) -> float:
 
     bridge = r.cache.flexkv_connector
     conn = bridge.connector
-    if direct:  # FlexKV's connector over its own KVManager, not the bridge's recording wrapper of it
-        conn.kv_manager = bridge.manager
     slots = torch.arange(PROMPT, dtype=torch.int64)
-    t = 0.0
-    for _ in range(n):
-        rid, ids = work.next()
-        handle = CacheRequestHandle(rid, 0)
-        key = handle_key(handle)
-        mask = torch.ones(len(ids), dtype=torch.bool)
-        t0 = clock()
-        if direct:
-            hit = conn.lookup_kv(token_ids=ids, token_mask=mask, rid=key)[1]
-            if hit > 0:
-                conn.retrieve_kv(key, slots[:hit])
-            conn.store_kv(rid=key, token_ids=ids, kv_indices=slots)
-        else:
-            hit = bridge.lookup_kv(ids, mask, handle)[1]
-            if hit > 0:
-                bridge.retrieve_kv(handle, slots[:hit])
-            bridge.store_kv(handle, ids, slots)
-        t += clock() - t0
+    handle = CacheRequestHandle(rid, 0)
+    key = handle_key(handle)
+    mask = torch.ones(len(ids), dtype=torch.bool)
     t0 = clock()
-    completed = (conn if direct else bridge).check_completed_stores()
-    t += clock() - t0
+    if direct:
+        hit = conn.lookup_kv(token_ids=ids, token_mask=mask, rid=key)[1]
+        if hit > 0:
+            conn.retrieve_kv(key, slots[:hit])
+        conn.store_kv(rid=key, token_ids=ids, kv_indices=slots)
+    else:
+        hit = bridge.lookup_kv(ids, mask, handle)[1]
+        if hit > 0:
+            bridge.retrieve_kv(handle, slots[:hit])
+        bridge.store_kv(handle, ids, slots)
+    return clock() - t0
+
+
+def _bridge_poll(r: Any, direct: bool) -> float:
+    bridge = r.cache.flexkv_connector
+    t0 = clock()
+    completed = (bridge.connector if direct else bridge).check_completed_stores()
+    t = clock() - t0
     if direct:  # untimed: the bridge's stores FlexKV's own poll took leave the bridge's table, as its poll does
         for key in completed:
             bridge.stores.completed(key)
-        conn.kv_manager = bridge.observed
-    _trim_calls()
     return t
+
+
+def _radix_request(r: Any, ids: list[int], rid: str, hooked: bool) -> float:
+    """One request through FlexKVRadixCache: match_prefix + init_load_back, then its finish (checkpoint, store)."""
+    t0 = clock()
+    r.match_and_load(r.request(rid + "m", ids, prompt=PROMPT, allocate=False))
+    t = clock() - t0
+    req = r.request(rid, ids, prompt=PROMPT)
+    t0 = clock()
+    r.finish(req)
+    return t + clock() - t0
+
+
+def _radix_poll(r: Any, hooked: bool) -> float:
+    t0 = clock()
+    r.cache.check_hicache_events()
+    r.evict_all()
+    return clock() - t0
+
+
+def paired_step(kind: str, rigs_by_mode: dict[str, Any], work: dict[str, Workload], n: int, control: bool,
+                first: int) -> dict[str, float]:  # fmt: skip
+    """One step of ``n`` requests in each mode, the modes taking turns request by request (each on its own rig),
+    then each mode's poll: both modes' steps span the same stretch of the machine's time, so a pair shares its
+    state at the grain of one request, not of a whole step. ``first`` alternates which mode goes first."""
+    request, poll = (_bridge_request, _bridge_poll) if kind == "bridge" else (_radix_request, _radix_poll)
+    order = MODES if first % 2 else MODES[::-1]
+    # the bridge's baseline calls FlexKV directly; the radix baseline unhooks the plugin's hooks
+    flag = {m: (m == "plugin" and not control) ^ (kind == "bridge") for m in MODES}
+    if kind == "bridge":
+        for m in MODES:  # the baseline's FlexKV connector over its own KVManager, not the bridge's recording wrapper
+            bridge = rigs_by_mode[m].cache.flexkv_connector
+            bridge.connector.kv_manager = bridge.manager if flag[m] else bridge.observed
+    else:
+        for m in MODES:
+            hooks(rigs_by_mode[m], flag[m])
+    times = dict.fromkeys(MODES, 0.0)
+    for i in range(n):
+        for m in order if i % 2 else order[::-1]:
+            rid, ids = work[m].next()
+            times[m] += request(rigs_by_mode[m], ids, rid, flag[m])
+    for m in order:
+        times[m] += poll(rigs_by_mode[m], flag[m])
+    if kind == "bridge":
+        for m in MODES:
+            bridge = rigs_by_mode[m].cache.flexkv_connector
+            bridge.connector.kv_manager = bridge.observed
+    _trim_calls()
+    return times
 
 
 HOOKED = ("match_prefix", "checkpoint", "release_aborted_request", "init_load_back", "reset")
@@ -126,26 +174,6 @@ def hooks(r: Any, on: bool) -> None:
             r.cache.__dict__.pop(name, None)
         else:
             setattr(r.cache, name, types.MethodType(inspect.unwrap(getattr(type(r.cache), name)), r.cache))
-
-
-def radix_step(r: Any, work: Workload, n: int, hooked: bool) -> float:
-    hooks(r, hooked)
-    t = 0.0
-    for _ in range(n):
-        rid, ids = work.next()
-        t0 = clock()
-        r.match_and_load(r.request(rid + "m", ids, prompt=PROMPT, allocate=False))
-        t += clock() - t0
-        req = r.request(rid, ids, prompt=PROMPT)
-        t0 = clock()
-        r.finish(req)
-        t += clock() - t0
-    t0 = clock()
-    r.cache.check_hicache_events()
-    r.evict_all()
-    t += clock() - t0
-    _trim_calls()
-    return t
 
 
 def tables(r: Any) -> dict[str, int]:
@@ -161,8 +189,8 @@ MODES = ("baseline", "plugin")
 def crossover(baseline: dict[int, list[float]], ratios: dict[int, list[float]]) -> tuple[float, float]:
     """The baseline's step time and the plugin's ratio, with the rigs' own speeds cancelled (time = mode x
     rig): geometric means over the two rigs of the medians. The ratio is the median of paired steps (the
-    modes step in turn, so each pair shares the machine's state: on a shared 2-core machine a round's
-    steps moved by 30 %, the two modes within a pair by a few %)."""
+    modes take turns request by request, so each pair shares the machine's state: on a shared 2-core
+    machine a round's steps moved by 30 %, the two modes within a pair by a few %)."""
     base = math.sqrt(statistics.median(baseline[0]) * statistics.median(baseline[1]))
     return base, math.sqrt(statistics.median(ratios[0]) * statistics.median(ratios[1]))
 
@@ -174,11 +202,11 @@ def round_figure(times: list[float]) -> float:
 
 
 def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control: bool = False) -> dict[str, Any]:
-    """The modes on their own rigs (connectors), stepped in turn and swapped every round (``repeats`` even);
-    ``control``: both "modes" run the baseline, so the ratio shows what the method itself reads (A/A)."""
+    """The modes on their own rigs (connectors), request by request in turn and swapped every round
+    (``repeats`` even); ``control``: both "modes" run the baseline, so the ratio shows what the method
+    itself reads (A/A)."""
     if repeats < 2 or repeats % 2 or steps < 2:
         raise ValueError(f"measure: repeats even and >= 2 (each rig runs each mode), steps >= 2: {repeats}, {steps}")
-    step = bridge_step if kind == "bridge" else radix_step
     work = {m: Workload(f"{kind}{n}{m}-", base=10**8 * (i + 1)) for i, m in enumerate(MODES)}
     baseline: dict[int, list[float]] = {0: [], 1: []}  # by the baseline's rig: its rounds' figures
     ratios: dict[int, list[float]] = {0: [], 1: []}  # by the plugin's rig: plugin / baseline, step by step
@@ -188,9 +216,9 @@ def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control:
         gc.collect()  # between rounds, untimed: a collection inside a step would land on whichever mode ran then
         gc.disable()
         for s in range(steps):
-            for m in MODES if s % 2 else MODES[::-1]:
-                plugin = m == "plugin" and not control
-                times[m].append(step(rs[on[m]], work[m], n, not plugin if kind == "bridge" else plugin))
+            pair = paired_step(kind, {m: rs[on[m]] for m in MODES}, work, n, control, s)
+            for m in MODES:
+                times[m].append(pair[m])
         gc.enable()
         if rep:  # the first round warms up; both workloads alternate hit and miss in step, so a pair is alike
             baseline[on["baseline"]].append(round_figure(times["baseline"]))

@@ -333,7 +333,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             out: dict[str, Any] = {"vllm": sizes_run(cls, [1, 8], repeats=2, steps=5, tmp=Path(tmp))}
             out |= growth_run(cls, finished=60, window=10, n=4, tmp=Path(tmp))
         else:
-            plan = ((1, 7, 100, 12), (64, 7, 30, 12), (512, 7, 6, 10), (4096, 5, 2, 8))
+            plan = ((1, 7, 100, 12), (64, 7, 30, 12), (512, 7, 6, 10), (4096, 7, 3, 8))
             out = {"vllm": [row for n, r, s, w in plan for row in sizes_run(cls, [n], r, s, Path(tmp), w, control)]}
             if control:
                 return out
