@@ -110,6 +110,15 @@ def quoted_number(value: object, field: str, model: type[BaseModel]) -> bool:
     return kind is not None and not isinstance(number_text(value, kind), str)
 
 
+def _own_words(err: ErrorDetails) -> str:
+    """A validator's own message without pydantic's "Value error, " / "Assertion failed, " in front of it: our
+    validators word their problems as the end of "key=value (from origin): ...", a prefix only breaks them."""
+    error = (err.get("ctx") or {}).get("error")
+    if err["type"] in ("value_error", "assertion_error") and isinstance(error, BaseException) and str(error):
+        return str(error)
+    return err["msg"]
+
+
 def problem(err: ErrorDetails, model: type[BaseModel], from_yaml: bool) -> str:
     """The message for one of pydantic's errors on ``model``: an unknown key gets :func:`unknown_key`,
     a quoted number that came from YAML is told to drop the quotes; the rest is pydantic's text."""
@@ -117,7 +126,7 @@ def problem(err: ErrorDetails, model: type[BaseModel], from_yaml: bool) -> str:
     key = str(loc[0]) if loc else ""
     if err["type"] == "extra_forbidden" and len(loc) == 1:
         return unknown_key(key, model.model_fields)
-    message = clip(err["msg"], 200)
+    message = clip(_own_words(err), 200)
     value: Any = err.get("input")
     if from_yaml and loc and quoted_number(value, key, model):
         text = clip(value.strip(), 40)

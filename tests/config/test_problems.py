@@ -249,3 +249,19 @@ def test_the_hint_is_for_yaml_only():
     assert UNQUOTED not in str(spec.value)
     with mock.patch.dict(os.environ, {f"{ENV_PREFIX}PAGE_SIZE": "16"}):
         assert load_settings().page_size == 16
+
+
+@given(field=st.sampled_from(["ready_file", "lock_dir"]), relative=st.text(ALPHABET, min_size=1, max_size=20))
+def test_a_validators_problem_reads_in_its_own_words_without_pydantics_prefix(field, relative):
+    with pytest.raises(SettingsError) as caught:
+        load_settings(**{field: relative})
+    line = next(line for line in str(caught.value).splitlines() if line.strip().startswith(field))
+    assert line.endswith("must be an absolute path: start_remote and the engine resolve a relative one against their "
+                         "own working directories, which differ"), line  # fmt: skip
+    assert "Value error" not in str(caught.value)
+
+
+def test_a_type_error_keeps_pydantics_words():
+    with pytest.raises(SettingsError) as caught:
+        load_settings(sglang="perhaps")
+    assert "sglang='perhaps' (from argument): Input should be a valid boolean" in str(caught.value), caught.value
