@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..errors import AdapterError
+from ..flexkv.reset import repair_task_table
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def flush(bridge: Any, wait_s: float, report: bool) -> None:
         try:
             if reset is None:
                 raise AttributeError("this FlexKV's KVManager has no reset()")
+            repair_task_table(bridge.manager)  # FlexKV 34ab141 as shipped fails every reset without it
             reset()  # the whole prefix tree, every tier
         except Exception as exc:
             problem, local = f"FlexKV's KVManager.reset failed: {type(exc).__name__}: {exc}", 0

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..config.settings import load_settings
 from ..errors import AdapterError
+from ..flexkv.reset import repair_task_table
 from .vllm_ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
 
 logger = logging.getLogger(__name__)
@@ -279,7 +280,8 @@ def wrappers(cls: Any) -> dict[str, Any]:
                     getattr(self, RESET_WAIT),
                 )
                 return False
-            result = self._flexkv_connector.reset_cache()
+            repair_task_table(getattr(self._flexkv_connector.connector, "flexkv_manager", None))
+            result = self._flexkv_connector.reset_cache()  # FlexKV's KVManager.reset and its own tables
         except Exception:
             logger.exception("flexkv_adapter: FlexKV's reset failed; its cache may still hold stale KV")
             return False

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from flexkv_adapter.flexkv.reset import repair_task_table
 from flexkv_adapter.integrations import vllm_lifecycle
 
 from .engine import Engine, flexkv_empty
@@ -22,6 +23,17 @@ def test_reset_after_a_store_makes_the_next_identical_prompt_miss(plugged, tmp_p
     assert control["resets"] == 1
     engine.serve("A2", A)
     assert new_schedules(engine, "A2") == [0] and engine.flexkv.flexkv_stats.num_flexkv_matched_tokens == 0
+
+
+def test_negative_control_flexkvs_reset_on_its_table_as_shipped_fails_and_flexkv_still_hits(
+    plugged, tmp_path, control, monkeypatch
+):
+    engine = Engine(plugged, tmp_path)
+    engine.serve("A", A)
+    monkeypatch.setattr(vllm_lifecycle, "repair_task_table", lambda manager: [])
+    assert engine.scheduler.reset_prefix_cache(reset_connector=True) is False and control["resets"] == 0
+    engine.serve("A2", A)
+    assert new_schedules(engine, "A2") == [47]  # FlexKV still holds A
 
 
 def test_negative_control_without_the_wrappers_the_reset_is_reported_but_flexkv_still_hits(plugged, tmp_path, control):
@@ -59,6 +71,7 @@ def test_negative_control_flexkvs_reset_alone_strands_the_loading_request(plugge
     control["polls"] = 4
     b = engine.add("B", B)
     engine.run(lambda: engine.flexkv.get_tasks)
+    repair_task_table(engine.flexkv.flexkv_manager)  # FlexKV's reset as it means it (without, it raises)
     assert engine.scheduler.connector._flexkv_connector.reset_cache() is True  # drops the task maps (adp:304)
     with pytest.raises(AssertionError, match="not reached"):
         engine.run(engine.idle, steps=10)

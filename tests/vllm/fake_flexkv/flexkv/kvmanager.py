@@ -39,12 +39,25 @@ class _Task:
         self.kind, self.keys, self.slots, self.polls, self.status = kind, keys, None, 0, None
 
 
+class _TaskEngine:
+    """FlexKV's KVTaskEngine as far as its reset reads it: the task table as 34ab141 builds it with its pinned
+    expiring-dict 1.1.2 (kvtask.py:212, ``ExpiringDict(max_age_seconds=1800, max_len=100000)``: 1.1.2 takes the
+    two keywords as two entries), and ``reset_cache``'s pass over every value (kvtask.py:1461)."""
+
+    def __init__(self):
+        self.tasks = {"max_age_seconds": 1800, "max_len": 100000}
+
+    def reset_cache(self):
+        return sum(1 for t in list(self.tasks.values()) if not t.is_completed())
+
+
 class KVManager:
     def __init__(self, model_config, cache_config, dp_client_id=0, server_recv_port=None, event_collector=None):
         self.block = cache_config.tokens_per_block
         self.num_layers = model_config.num_layers
         self.cache: dict = {}  # (namespace, token prefix) -> [bytes per layer]
         self.tasks: dict[int, _Task] = {}
+        self.kv_task_engine = _TaskEngine()  # in-process mode (kvmanager.py:125)
         MANAGERS.append(self)
 
     def start(self):
@@ -148,5 +161,6 @@ class KVManager:
     def reset(self):
         if CONTROL["fail_reset"]:
             raise RuntimeError("FlexKV reset failed")
+        self.kv_task_engine.reset_cache()  # kvmanager.py:394
         CONTROL["resets"] += 1
         self.cache.clear()
