@@ -9,6 +9,8 @@ whose unready pages shadow every later store of the prefix (kvtask.py:740-748). 
 
 from __future__ import annotations
 
+import pytest
+
 from . import flexkv_faults
 from . import flexkv_standin as fk
 from .flexkv_faults import manager, stored
@@ -30,6 +32,27 @@ def test_a_load_whose_launch_raises_is_a_miss_that_frees_its_slots_and_cancels_t
     faulty.get = ""
     loaded, slots = rig.match_and_load(rig.request("r3", IDS, prompt=40, allocate=False))
     assert loaded == len(IDS) and read(rig.pool, slots) == expected
+
+
+def test_negative_control_a_load_launch_error_passed_through_reaches_sglang_and_leaks_its_slots(
+    faulty, models, monkeypatch
+):
+    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang_resolve import handle_key
+
+    def passed_through(self, handle, slot_mapping):  # FlexKV's retrieve_kv as SGLang's own connector calls it
+        return self.connector.retrieve_kv(handle_key(handle), slot_mapping)
+
+    monkeypatch.setattr(BridgeConnector, "retrieve_kv", passed_through)
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    free = rig.alloc.available_size()
+    faulty.get = "raise"
+    with pytest.raises(BrokenPipeError):  # into SGLang's scheduler
+        rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
+    (raised,) = fk.calls("launch raised")
+    assert rig.alloc.available_size() < free  # SGLang has no cleanup for it: the slots leak
+    assert manager(rig).tasks[raised["task_ids"][0]].status != "cancelled"  # and FlexKV's get task stays
 
 
 def _store_fails_then_again(rig: Rig, faults) -> int:

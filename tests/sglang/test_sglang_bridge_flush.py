@@ -92,3 +92,25 @@ def test_a_flush_waits_for_a_load_past_the_deadline_or_fails(faulty, models, mon
     manager(rig).advance(1)  # the copy ends
     rig.cache.reset()
     assert not rig.cache.flexkv_connector.stale and manager(rig).resets == 1
+
+
+def test_negative_control_without_the_bypass_a_failed_reset_serves_the_old_kv(faulty, models, monkeypatch):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    faulty.reset = "raise"
+    rig.cache.reset()
+    rig.cache.flexkv_connector.stale = False  # the bypass taken away
+    loaded, _ = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
+    assert loaded == len(IDS)  # the old weights' KV
+
+
+def test_negative_control_without_the_wait_flexkv_is_reset_under_a_running_copy(faulty, models, monkeypatch):
+    from flexkv_adapter.integrations import sglang_flush
+
+    monkeypatch.setattr(sglang_flush, "_drain", lambda bridge, wait_s: True)
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    faulty.get, faulty.delay = "timeout", 10**9
+    assert rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))[0] == 0
+    rig.cache.reset()
+    assert manager(rig).resets == 1 and manager(rig).late  # reset while FlexKV's copy still writes the slots
