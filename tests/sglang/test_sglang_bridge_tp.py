@@ -29,6 +29,10 @@ def check(results, exact=(True, True)):
         # an abort right after the store (SGLang's PD transfer failure): every rank keeps the slots until done
         assert (value["abort evicted in flight"], value["abort ticks"], value["abort evicted"]) == (0, 1, 48)
         assert value["abort restored"] == (48, exact[rank]), rank
+        # a rid used again while its first store runs: one key per store, each node unlocked on every rank
+        assert value["reuse keys"][0] == "r5@attempt0" and len(value["reuse keys"]) == 2, value["reuse keys"]
+        assert value["reuse ticks"] < 4 and (value["reuse locked"], value["reuse evicted"]) == (0, 96)
+    assert results[0][1]["reuse keys"] == results[1][1]["reuse keys"]  # FlexKV's leader compares them
     assert results[0][1]["mismatch"] == "none"
     assert "store-start rid mismatch: local='x@attempt1', leader='x@attempt0'" in results[1][1]["mismatch"]
 
@@ -51,3 +55,12 @@ def test_the_same_with_flexkv_real_connector(tmp_path):
 @needs_flexkv
 def test_negative_control_with_flexkv_real_connector(tmp_path):
     check(run_ranks(tmp_path, REAL, broken=True), exact=(True, False))
+
+
+def test_negative_control_one_key_per_rid_leaks_the_first_lock_on_every_rank(tmp_path, monkeypatch):
+    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+
+    monkeypatch.setattr(StoreKeys, "key", lambda self, base: base)  # the ranks fork with it
+    for status, value in run_ranks(tmp_path).values():
+        assert status == "ok", value
+        assert value["reuse keys"] == ["r5@attempt0"] and value["reuse locked"] == 48

@@ -76,6 +76,20 @@ def _abort_after_store(rig: Any, group: Any, rank: int) -> dict[str, Any]:
     return out
 
 
+def _reuse_rid(rig: Any, group: Any, rank: int) -> dict[str, Any]:
+    """The same rid at attempt 0 again while its first store runs, on every rank (SGLang allows it,
+    tokenizer_manager.py:3833-3837): the bridge's store keys must agree across ranks (FlexKV's leader compares
+    them, connector.py:1146) and each store must unlock its own node."""
+    rig.evict_all()
+    for ids, seed in ((list(range(4000, 4048)), 40), (list(range(4100, 4148)), 50)):
+        rig.finish(_forward(rig, group, "r5", ids, seed=seed + rank))
+    out: dict[str, Any] = {"reuse keys": sorted(rig.cache.flexkv_connector.connector._inflight_stores)}
+    out["reuse ticks"] = _poll_until_done(rig)
+    out["reuse locked"] = rig.cache.protected_size()
+    out["reuse evicted"] = rig.evict_all()
+    return out
+
+
 def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", broken: bool = False) -> dict[str, Any]:
     import pytest
     from sglang.srt import plugins
@@ -128,6 +142,7 @@ def scenario(rank: int, config_dir: str, registrations: Any, real: str = "", bro
     rig.alloc.free(torch.tensor(sorted(taken)))
     rig.evict_all()
     out.update(_abort_after_store(rig, group, rank))
+    out.update(_reuse_rid(rig, group, rank))
 
     # Keys that differ across ranks (a key of something rank-local) are refused by FlexKV: ours never differ.
     # The bridge raises it as an AdapterError on the rank that differs (the others' FlexKV copies its slots).
