@@ -41,3 +41,16 @@ def test_every_rank_takes_a_miss_when_the_leaders_copy_does_not_succeed(tmp_path
 def test_negative_control_without_agreement_rank_1_counts_tokens_never_written(tmp_path):
     results = run_ranks(tmp_path, "failed", control=True)
     assert results[0]["loaded"] == 0 and results[1]["loaded"] == IDS
+
+
+@pytest.mark.parametrize("mode", ["flush", "flush failed"])
+def test_a_flush_takes_the_leaders_outcome_on_every_rank(tmp_path, mode):
+    failed = mode == "flush failed"
+    for rank, out in run_ranks(tmp_path, mode).items():
+        assert (out["stale"], out["loaded"]) == (failed, 0), (rank, out)  # emptied, or bypassed: no old KV
+        assert out["after"] == (False, IDS), (rank, out)  # a flush that succeeds serves FlexKV again
+
+
+def test_negative_control_without_agreement_rank_1_keeps_serving_flexkv_after_a_failed_flush(tmp_path):
+    results = run_ranks(tmp_path, "flush failed", control=True)
+    assert (results[0]["stale"], results[1]["stale"]) == (True, False)

@@ -91,6 +91,37 @@ def scenario(rank: int, config_dir: str, registrations: Any, source: str, mode: 
     return out
 
 
+def flush_scenario(rank: int, config_dir: str, registrations: Any, source: str, mode: str, control: bool
+                   ) -> dict[str, Any]:  # fmt: skip
+    """A flush on every rank (SGLang's flush_cache runs on each): the leader's KVManager.reset succeeds
+    (``flush``) or raises (``flush failed``); every rank takes the leader's outcome."""
+    from .flexkv_faults import FAULTS
+
+    rig, group, monkeypatch = _setup(rank, config_dir, registrations, source, control)
+    first = _forward(rig, group, "r1", IDS, seed=10 + rank)
+    rig.finish(first)
+    _poll_until_done(rig)
+    rig.evict_all()
+    FAULTS.reset = "raise" if mode == "flush failed" else ""
+    rig.cache.reset()  # no scheduler hook in these processes: SGLang's flush goes on after the bridge's
+    FAULTS.reset = ""
+    bridge = rig.cache.flexkv_connector
+    if control:  # the ranks disagree: the next FlexKV collective would pair up different calls
+        dist.barrier()
+        monkeypatch.undo()
+        return {"stale": bridge.stale}
+    loaded, _ = rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))
+    out: dict[str, Any] = {"stale": bridge.stale, "loaded": loaded}
+    rig.cache.reset()  # a flush that succeeds ends the bypass on every rank
+    rig.finish(_forward(rig, group, "r3", IDS, seed=20 + rank))  # the new weights' KV
+    _poll_until_done(rig)
+    rig.evict_all()
+    out["after"] = (bridge.stale, rig.match_and_load(rig.request("r4", IDS, prompt=40, allocate=False))[0])
+    dist.barrier()
+    monkeypatch.undo()
+    return out
+
+
 def run(rank: int, rendezvous: str, config_dir: str, queue: Any, registrations: Any, source: str, mode: str,
         control: bool) -> None:  # fmt: skip
     torch.set_num_threads(1)
@@ -98,7 +129,8 @@ def run(rank: int, rendezvous: str, config_dir: str, queue: Any, registrations: 
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
     try:
-        queue.put((rank, "ok", scenario(rank, config_dir, registrations, source, mode, control)))
+        play = flush_scenario if mode.startswith("flush") else scenario
+        queue.put((rank, "ok", play(rank, config_dir, registrations, source, mode, control)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
     finally:
