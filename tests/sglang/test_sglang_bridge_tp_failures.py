@@ -54,3 +54,17 @@ def test_a_flush_takes_the_leaders_outcome_on_every_rank(tmp_path, mode):
 def test_negative_control_without_agreement_rank_1_keeps_serving_flexkv_after_a_failed_flush(tmp_path):
     results = run_ranks(tmp_path, "flush failed", control=True)
     assert (results[0]["stale"], results[1]["stale"]) == (True, False)
+
+
+def test_a_store_whose_launch_raises_on_the_leader_unlocks_every_rank_and_stores_again(tmp_path):
+    for rank, out in run_ranks(tmp_path, "store raise").items():
+        assert (out["locked"], out["in flight"]) == (0, 0), (rank, out)  # no node locked, nothing tracked
+        assert out["again"] == (IDS, True), (rank, out)  # the put task was cancelled: the prefix stored again
+
+
+def test_negative_control_an_uncancelled_put_task_shadows_the_prefix_on_every_rank(tmp_path, monkeypatch):
+    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+
+    monkeypatch.setattr(BridgeConnector, "_cancel", lambda self, task_ids: None)  # the ranks fork with it
+    for rank, out in run_ranks(tmp_path, "store raise").items():
+        assert out["again"][0] == 0, (rank, out)

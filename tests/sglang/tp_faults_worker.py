@@ -122,6 +122,31 @@ def flush_scenario(rank: int, config_dir: str, registrations: Any, source: str, 
     return out
 
 
+def store_scenario(rank: int, config_dir: str, registrations: Any, source: str, mode: str, control: bool
+                   ) -> dict[str, Any]:  # fmt: skip
+    """The leader's store launch raises (FlexKV scatters the error, connector.py:1108-1153, and every rank
+    raises it): every rank unlocks the node, FlexKV's put task is cancelled, the prefix is stored again later."""
+    from .flexkv_faults import FAULTS
+    from .radix_harness import read, zero
+
+    rig, group, monkeypatch = _setup(rank, config_dir, registrations, source, control)
+    FAULTS.put = "raise"
+    first = _forward(rig, group, "r1", IDS, seed=10 + rank)
+    expected = read(rig.pool, first.slots)  # the device tree keeps this KV for the prefix
+    rig.finish(first)  # raised out of checkpoint before the fix
+    FAULTS.put = ""
+    out: dict[str, Any] = {"locked": rig.cache.protected_size(), "in flight": len(rig.cache._inflight_store_nodes)}
+    rig.finish(_forward(rig, group, "r2", IDS, seed=20 + rank))  # the same prefix again: the tree's KV is stored
+    _poll_until_done(rig)
+    rig.evict_all()
+    zero(rig.pool, first.slots)
+    loaded, slots = rig.match_and_load(rig.request("r3", IDS, prompt=40, allocate=False))
+    out["again"] = (loaded, slots is not None and read(rig.pool, slots) == expected)
+    dist.barrier()
+    monkeypatch.undo()
+    return out
+
+
 def run(rank: int, rendezvous: str, config_dir: str, queue: Any, registrations: Any, source: str, mode: str,
         control: bool) -> None:  # fmt: skip
     torch.set_num_threads(1)
@@ -129,7 +154,7 @@ def run(rank: int, rendezvous: str, config_dir: str, queue: Any, registrations: 
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
     try:
-        play = flush_scenario if mode.startswith("flush") else scenario
+        play = {"flush": flush_scenario, "store": store_scenario}.get(mode.split()[0], scenario)
         queue.put((rank, "ok", play(rank, config_dir, registrations, source, mode, control)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
