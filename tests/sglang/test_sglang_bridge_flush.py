@@ -114,3 +114,66 @@ def test_negative_control_without_the_wait_flexkv_is_reset_under_a_running_copy(
     assert rig.match_and_load(rig.request("r2", IDS, prompt=40, allocate=False))[0] == 0
     rig.cache.reset()
     assert manager(rig).resets == 1 and manager(rig).late  # reset while FlexKV's copy still writes the slots
+
+
+def _import_scheduler(monkeypatch):
+    """SGLang's real Scheduler class; undone after the test (the module leaves sys.modules again if it was not
+    there, and flush_cache is SGLang's own)."""
+    import importlib
+    import sys
+
+    from flexkv_adapter.integrations.sglang_flush import SCHEDULER_MODULE
+
+    had = SCHEDULER_MODULE in sys.modules
+    module = importlib.import_module(SCHEDULER_MODULE)
+    if not had:
+        del sys.modules[SCHEDULER_MODULE]
+        monkeypatch.setitem(sys.modules, SCHEDULER_MODULE, module)
+    monkeypatch.setattr(module.Scheduler, "flush_cache", module.Scheduler.flush_cache)
+    return module.Scheduler
+
+
+@pytest.fixture
+def real_scheduler(monkeypatch):
+    """Imported before the plugin loads, as in the scheduler process (scheduler.py:6323 loads the plugins): the
+    plugin hooks its flush_cache."""
+    return _import_scheduler(monkeypatch)
+
+
+def _idle(rig: Rig):
+    """What SGLang's Scheduler.flush_cache (scheduler.py:5518-5547) reads of its scheduler, idle."""
+    from types import SimpleNamespace
+
+    noop = lambda *args, **kwargs: None  # noqa: E731
+    return SimpleNamespace(
+        is_fully_idle=lambda ignore_waiting=False: True, _engine_paused=False, tree_cache=rig.cache,
+        req_to_token_pool=SimpleNamespace(clear=noop, reset_aux_cache_allocator=noop),
+        token_to_kv_pool_allocator=SimpleNamespace(clear=noop), grammar_manager=SimpleNamespace(clear=noop),
+        metrics_reporter=SimpleNamespace(reset_metrics=noop, is_stats_logging_rank=False), draft_worker=None,
+    )  # fmt: skip
+
+
+def test_sglangs_real_flush_cache_fails_before_sglang_resets_when_flexkv_cannot_be_emptied(
+    real_scheduler, faulty, models, monkeypatch
+):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    stored(rig, "r1", IDS, seed=7)
+    rig.finish(rig.request("r5", list(range(3000, 3048)), prompt=40, seed=9))  # on the device tree
+    for _ in range(3):
+        rig.cache.check_hicache_events()
+    cached = rig.cache.evictable_size()
+    faulty.reset = "raise"
+    assert real_scheduler.flush_cache(_idle(rig), empty_cache=False) is False  # "requests are still running"
+    assert rig.cache.evictable_size() == cached and rig.cache.flexkv_connector.stale  # SGLang's tree untouched
+    faulty.reset = ""
+    assert real_scheduler.flush_cache(_idle(rig), empty_cache=False) is True
+    assert rig.cache.evictable_size() == 0 and not rig.cache.flexkv_connector.stale and not manager(rig).pages
+
+
+def test_negative_control_unhooked_sglang_reports_a_flush_that_left_flexkv_unemptied(faulty, models, monkeypatch):
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    scheduler = _import_scheduler(monkeypatch)  # after the plugin loaded: its flush_cache is not hooked
+    stored(rig, "r1", IDS, seed=7)
+    faulty.reset = "raise"
+    assert scheduler.flush_cache(_idle(rig), empty_cache=False) is True  # the weight update reports success
+    assert rig.cache.flexkv_connector.stale and manager(rig).pages  # while FlexKV still holds the old KV
