@@ -9,6 +9,8 @@ whose unready pages shadow every later store of the prefix (kvtask.py:740-748). 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from . import flexkv_faults
@@ -20,7 +22,15 @@ faulty = flexkv_faults.faulty  # the fixture
 IDS = list(range(1000, 1048))
 
 
-def test_a_load_whose_launch_raises_is_a_miss_that_frees_its_slots_and_cancels_the_task(faulty, models, monkeypatch):
+def _failures(caplog) -> list[str]:
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("flexkv_adapter")]
+    return [m for m in messages if "failed" in m]
+
+
+def test_a_load_whose_launch_raises_is_a_miss_that_frees_its_slots_and_cancels_the_task(
+    faulty, models, monkeypatch, caplog
+):
+    caplog.set_level(logging.WARNING, logger="flexkv_adapter")
     rig = Rig(monkeypatch, models["llama"], "mha")
     expected = stored(rig, "r1", IDS, seed=7)
     free = rig.alloc.available_size()
@@ -29,6 +39,8 @@ def test_a_load_whose_launch_raises_is_a_miss_that_frees_its_slots_and_cancels_t
     assert (loaded, slots) == (0, None) and rig.alloc.available_size() == free
     (raised,) = fk.calls("launch raised")
     assert manager(rig).tasks[raised["task_ids"][0]].status == "cancelled"  # FlexKV's match is given back
+    (logged,) = _failures(caplog)  # once, with FlexKV's error
+    assert "FlexKV's load for 'r2@attempt0' failed" in logged and "BrokenPipeError" in logged, logged
     faulty.get = ""
     loaded, slots = rig.match_and_load(rig.request("r3", IDS, prompt=40, allocate=False))
     assert loaded == len(IDS) and read(rig.pool, slots) == expected
@@ -65,9 +77,12 @@ def _store_fails_then_again(rig: Rig, faults) -> int:
     return loaded
 
 
-def test_a_store_whose_launch_raises_unlocks_and_cancels_its_put_task(faulty, models, monkeypatch):
+def test_a_store_whose_launch_raises_unlocks_and_cancels_its_put_task(faulty, models, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="flexkv_adapter")
     rig = Rig(monkeypatch, models["llama"], "mha")
     assert _store_fails_then_again(rig, faulty) == len(IDS)  # the next store offloaded the prefix
+    (logged,) = _failures(caplog)  # once, with FlexKV's error
+    assert "FlexKV's store for 'r1@attempt0' failed" in logged and "store launch failed" in logged, logged
 
 
 def test_negative_control_an_uncancelled_put_task_shadows_the_prefix_forever(faulty, models, monkeypatch):
