@@ -16,6 +16,8 @@ Scenarios (each restore is preceded by memory pressure: SGLang's own radix cache
 * ``partial_reference``/``partial``: P shares A's first ``SHARED`` tokens only. The reference runs with a
   ``cache_salt`` (the plugin sends salted requests past FlexKV, SGLang's radix keys them apart);
 * ``perturbed``: A again while FlexKV's CPU copy is zeroed before each restore (the negative control);
+* ``flush``/``after_flush``: ``Engine.flush_cache()`` (what a weight update runs), then A again: nothing
+  cached anywhere (FlexKV 34ab141's reset fails as shipped without the plugin's repair of its task table);
 * ``p<n>_filler<i>``: the other prompts; from the second round on FlexKV restores them too.
 """
 
@@ -102,6 +104,9 @@ def main(model: str, state_dir: str) -> None:
         (state / "perturb").touch()
         run.gen("perturbed", A)
         (state / "perturb").unlink()
+        flushed = engine.flush_cache()  # what a weight update does: SGLang's flush, FlexKV emptied with it
+        run.steps["flush"] = {"success": bool(flushed.success), "message": flushed.message}
+        run.gen("after_flush", A)
     finally:
         engine.shutdown()
     emit({"started_s": round(started, 1), "total_s": round(time.monotonic() - t0, 1), "stored_after_cold": stored_a,

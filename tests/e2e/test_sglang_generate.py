@@ -114,3 +114,10 @@ def test_negative_control_a_perturbed_flexkv_cpu_copy_changes_the_tokens(run):
     cold, perturbed = _step(run, "cold"), _step(run, "perturbed")
     assert perturbed["perturbed_blocks"] > 0 and perturbed["restored_blocks"] > 0
     assert perturbed["tokens"] != cold["tokens"]
+
+
+def test_a_flush_empties_flexkv_too_and_the_next_run_is_cold(run):
+    assert run["steps"]["flush"]["success"], run["steps"]["flush"]  # SGLang's flush, FlexKV's reset with it
+    cold, after = _step(run, "cold"), _step(run, "after_flush")
+    assert after["restored_blocks"] == 0 and not after["cached_tokens"], after  # neither SGLang nor FlexKV
+    assert after["tokens"] == cold["tokens"]
