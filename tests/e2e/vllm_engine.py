@@ -185,7 +185,8 @@ class Run:
 
 
 def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> dict[str, Any]:
-    """Cold, stored, evicted, restored; a partial hit; a negative control; a failed load (recomputed).
+    """Cold, stored, evicted, restored; a partial hit; a negative control; a failed load (recomputed); a reset
+    of vLLM's prefix cache with its connector (FlexKV emptied), then A again.
 
     Each phase ends settled (FlexKV's stores done, vLLM's prefix cache empty), so the next one can only
     hit FlexKV, and the data plane's counters are read per phase.
@@ -210,7 +211,12 @@ def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> di
         out["counters"][name] = {k: after[k] - before.get(k, 0) for k in after}
         before = after
     out["fault_fired"] = run.fault.fired
-    out["counters"]["total"] = before
+    out["reset"] = run.llm.reset_prefix_cache(reset_connector=True)  # what a weight update runs: FlexKV emptied
+    out["after_reset"] = run.generate(a, max_tokens)
+    run.settle()
+    after = run.counters()
+    out["counters"]["after_reset"] = {k: after[k] - before.get(k, 0) for k in after}
+    out["counters"]["total"] = after
     return out
 
 
