@@ -150,16 +150,18 @@ def paired_step(kind: str, rigs_by_mode: dict[str, Any], work: dict[str, Workloa
         for m in MODES:
             hooks(rigs_by_mode[m], flag[m])
     times = dict.fromkeys(MODES, 0.0)
-    for i in range(n):
-        for m in order if i % 2 else order[::-1]:
-            rid, ids = work[m].next()
-            times[m] += request(rigs_by_mode[m], ids, rid, flag[m])
-    for m in order:
-        times[m] += poll(rigs_by_mode[m], flag[m])
-    if kind == "bridge":
+    try:
+        for i in range(n):
+            for m in order if i % 2 else order[::-1]:
+                rid, ids = work[m].next()
+                times[m] += request(rigs_by_mode[m], ids, rid, flag[m])
+        for m in order:
+            times[m] += poll(rigs_by_mode[m], flag[m])
+    finally:  # each rig as the plugin leaves it, whatever happened
         for m in MODES:
             bridge = rigs_by_mode[m].cache.flexkv_connector
             bridge.connector.kv_manager = bridge.observed
+            hooks(rigs_by_mode[m], True)
     _trim_calls()
     return times
 

@@ -11,8 +11,9 @@ ints. ``reset_cache`` (kvtask.py:1461, :1478) is the one reader of every value, 
 docs/flexkv-upstream.md.
 
 Reachable only where FlexKV's task engine runs in this process (``KVManager.kv_task_engine``); in FlexKV's
-server-client mode (dp > 1, kvmanager.py:69-71) the table lives in FlexKV's server process and the reset
-fails there as shipped (the engines' failure paths report it).
+server-client mode (dp > 1, ``FLEXKV_SERVER_CLIENT_MODE=1`` or more than one instance, kvmanager.py:69-71)
+the table lives in FlexKV's server process and the reset fails there as shipped (the engines' failure paths
+report it: SGLang's flush answers False, vLLM's reset False).
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ def repair_task_table(manager: Any) -> list[str]:
     removed = []
     for key in CONSTRUCTOR_KEYWORDS:
         try:
-            value = table[key]  # type: ignore[index]
+            value = table[key]
         except (KeyError, TypeError):  # absent, or no table here (server-client mode, a stand-in)
             continue
+        except Exception as exc:  # a table of another kind: FlexKV's own reset decides, unrepaired
+            logger.warning("flexkv_adapter: FlexKV's task table could not be read (%s: %s); not repaired",
+                           type(exc).__name__, exc)  # fmt: skip
+            return removed
         if type(value) is int:  # a task is a KVTask; only the keyword's own value is removed
-            del table[key]  # type: ignore[union-attr]
+            del table[key]
             removed.append(key)
     if removed:
         logger.info(

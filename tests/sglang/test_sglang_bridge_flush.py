@@ -117,13 +117,16 @@ def test_negative_control_without_the_wait_flexkv_is_reset_under_a_running_copy(
 
 
 def _import_scheduler(monkeypatch):
-    """SGLang's real Scheduler class; undone after the test (the module leaves sys.modules again if it was not
-    there, and flush_cache is SGLang's own)."""
+    """SGLang's real Scheduler class. After the test the scheduler module leaves sys.modules again if it was not
+    there (the plugin hooks flush_cache only where it is loaded), flush_cache is SGLang's own and the root
+    logger has its handlers back; the modules the import brought stay loaded."""
     import importlib
+    import logging
     import sys
 
     from flexkv_adapter.integrations.sglang_flush import SCHEDULER_MODULE
 
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
     had = SCHEDULER_MODULE in sys.modules
     module = importlib.import_module(SCHEDULER_MODULE)
     if not had:
@@ -140,16 +143,21 @@ def real_scheduler(monkeypatch):
     return _import_scheduler(monkeypatch)
 
 
-def _idle(rig: Rig):
-    """What SGLang's Scheduler.flush_cache (scheduler.py:5518-5547) reads of its scheduler, idle."""
+def _idle(rig: Rig, cleared: list[str]):
+    """What SGLang's Scheduler.flush_cache (scheduler.py:5518-5547) reads of its scheduler, idle; the pools it
+    clears after the tree are named in ``cleared``."""
     from types import SimpleNamespace
 
-    noop = lambda *args, **kwargs: None  # noqa: E731
+    def clear(name):
+        return lambda *args, **kwargs: cleared.append(name)
+
     return SimpleNamespace(
         is_fully_idle=lambda ignore_waiting=False: True, _engine_paused=False, tree_cache=rig.cache,
-        req_to_token_pool=SimpleNamespace(clear=noop, reset_aux_cache_allocator=noop),
-        token_to_kv_pool_allocator=SimpleNamespace(clear=noop), grammar_manager=SimpleNamespace(clear=noop),
-        metrics_reporter=SimpleNamespace(reset_metrics=noop, is_stats_logging_rank=False), draft_worker=None,
+        req_to_token_pool=SimpleNamespace(clear=clear("req_to_token"), reset_aux_cache_allocator=clear("aux")),
+        token_to_kv_pool_allocator=SimpleNamespace(clear=clear("allocator")),
+        grammar_manager=SimpleNamespace(clear=clear("grammar")),
+        metrics_reporter=SimpleNamespace(reset_metrics=clear("metrics"), is_stats_logging_rank=False),
+        draft_worker=None,
     )  # fmt: skip
 
 
@@ -163,11 +171,14 @@ def test_sglangs_real_flush_cache_fails_before_sglang_resets_when_flexkv_cannot_
         rig.cache.check_hicache_events()
     cached = rig.cache.evictable_size()
     faulty.reset = "raise"
-    assert real_scheduler.flush_cache(_idle(rig), empty_cache=False) is False  # "requests are still running"
+    cleared: list[str] = []
+    assert real_scheduler.flush_cache(_idle(rig, cleared), empty_cache=False) is False  # as with running requests
     assert rig.cache.evictable_size() == cached and rig.cache.flexkv_connector.stale  # SGLang's tree untouched
+    assert cleared == []  # and none of its pools
     faulty.reset = ""
-    assert real_scheduler.flush_cache(_idle(rig), empty_cache=False) is True
+    assert real_scheduler.flush_cache(_idle(rig, cleared), empty_cache=False) is True
     assert rig.cache.evictable_size() == 0 and not rig.cache.flexkv_connector.stale and not manager(rig).pages
+    assert cleared == ["req_to_token", "allocator", "aux", "grammar", "metrics"]
 
 
 def test_negative_control_unhooked_sglang_reports_a_flush_that_left_flexkv_unemptied(faulty, models, monkeypatch):
@@ -175,5 +186,5 @@ def test_negative_control_unhooked_sglang_reports_a_flush_that_left_flexkv_unemp
     scheduler = _import_scheduler(monkeypatch)  # after the plugin loaded: its flush_cache is not hooked
     stored(rig, "r1", IDS, seed=7)
     faulty.reset = "raise"
-    assert scheduler.flush_cache(_idle(rig), empty_cache=False) is True  # the weight update reports success
+    assert scheduler.flush_cache(_idle(rig, []), empty_cache=False) is True  # the weight update reports success
     assert rig.cache.flexkv_connector.stale and manager(rig).pages  # while FlexKV still holds the old KV

@@ -30,8 +30,9 @@ def check(results, exact=(True, True)):
         assert (value["abort evicted in flight"], value["abort ticks"], value["abort evicted"]) == (0, 1, 48)
         assert value["abort restored"] == (48, exact[rank]), rank
         # a rid used again while its first store runs: one key per store, each node unlocked on every rank
-        assert value["reuse keys"][0] == "r5@attempt0" and len(value["reuse keys"]) == 2, value["reuse keys"]
-        assert value["reuse ticks"] < 4 and (value["reuse locked"], value["reuse evicted"]) == (0, 96)
+        first, second = value["reuse keys"]
+        assert first == "r5@attempt0" and second.startswith("r5@attempt0#store"), value["reuse keys"]
+        assert value["reuse ticks"] <= 2 and (value["reuse locked"], value["reuse evicted"]) == (0, 96)
     assert results[0][1]["reuse keys"] == results[1][1]["reuse keys"]  # FlexKV's leader compares them
     assert results[0][1]["mismatch"] == "none"
     assert "store-start rid mismatch: local='x@attempt1', leader='x@attempt0'" in results[1][1]["mismatch"]
