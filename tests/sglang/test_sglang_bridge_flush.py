@@ -56,29 +56,6 @@ def test_a_failed_reset_bypasses_flexkv_until_a_flush_succeeds(faulty, models, m
     assert loaded == len(IDS)
 
 
-def test_with_the_scheduler_hook_a_failed_reset_fails_the_flush_before_sglang_resets(faulty, models, monkeypatch):
-    from flexkv_adapter.integrations import sglang_bridge, sglang_flush
-
-    rig = Rig(monkeypatch, models["llama"], "mha")
-    stored(rig, "r1", IDS, seed=7)
-    rig.finish(rig.request("r5", list(range(3000, 3048)), prompt=40, seed=9))  # on the device tree
-    for _ in range(3):
-        rig.cache.check_hicache_events()
-    cached = rig.cache.evictable_size()
-    faulty.reset = "raise"
-    monkeypatch.setattr(sglang_bridge, "hooked_by", lambda fn, module: True)  # as in the scheduler process
-
-    def flush_cache(scheduler):  # the part of Scheduler.flush_cache (scheduler.py:5518-5547) that reaches FlexKV
-        scheduler.tree_cache.reset()
-        return True
-
-    scheduler = type("Scheduler", (), {"tree_cache": rig.cache})()
-    assert sglang_flush.flush_cache(flush_cache, scheduler) is False  # as SGLang reports pending requests
-    assert rig.cache.evictable_size() == cached  # nothing of SGLang's was reset
-    with pytest.raises(sglang_flush.FlushError, match="KVManager.reset failed"):
-        rig.cache.reset()
-
-
 def test_a_flush_waits_for_a_load_past_the_deadline_or_fails(faulty, models, monkeypatch, caplog):
     monkeypatch.setenv("FLEXKV_ADAPTER_RESET_WAIT_S", "0.05")
     rig = Rig(monkeypatch, models["llama"], "mha")
@@ -164,6 +141,8 @@ def _idle(rig: Rig, cleared: list[str]):
 def test_sglangs_real_flush_cache_fails_before_sglang_resets_when_flexkv_cannot_be_emptied(
     real_scheduler, faulty, models, monkeypatch
 ):
+    from flexkv_adapter.integrations.sglang_flush import FlushError
+
     rig = Rig(monkeypatch, models["llama"], "mha")
     stored(rig, "r1", IDS, seed=7)
     rig.finish(rig.request("r5", list(range(3000, 3048)), prompt=40, seed=9))  # on the device tree
@@ -175,6 +154,8 @@ def test_sglangs_real_flush_cache_fails_before_sglang_resets_when_flexkv_cannot_
     assert real_scheduler.flush_cache(_idle(rig, cleared), empty_cache=False) is False  # as with running requests
     assert rig.cache.evictable_size() == cached and rig.cache.flexkv_connector.stale  # SGLang's tree untouched
     assert cleared == []  # and none of its pools
+    with pytest.raises(FlushError, match="KVManager.reset failed"):  # what the hook on flush_cache turns into False
+        rig.cache.reset()
     faulty.reset = ""
     assert real_scheduler.flush_cache(_idle(rig, cleared), empty_cache=False) is True
     assert rig.cache.evictable_size() == 0 and not rig.cache.flexkv_connector.stale and not manager(rig).pages
