@@ -30,20 +30,20 @@ def repair_task_table(manager: Any) -> list[str]:
     """Remove the constructor keywords expiring-dict 1.1.2 stored as task entries (logged); the keys removed.
     Each engine calls it just before FlexKV's own reset (SGLang: ``KVManager.reset``; vLLM: the connector's
     ``reset_cache``, which calls it and clears its own tables)."""
-    table = getattr(getattr(manager, "kv_task_engine", None), "tasks", None)
+    table: Any = getattr(getattr(manager, "kv_task_engine", None), "tasks", None)
     removed = []
     for key in CONSTRUCTOR_KEYWORDS:
         try:
-            value = table[key]
+            if type(table[key]) is not int:  # a task is a KVTask; only the keyword's own value is removed
+                continue
+            del table[key]
         except (KeyError, TypeError):  # absent, or no table here (server-client mode, a stand-in)
             continue
         except Exception as exc:  # a table of another kind: FlexKV's own reset decides, unrepaired
-            logger.warning("flexkv_adapter: FlexKV's task table could not be read (%s: %s); not repaired",
+            logger.warning("flexkv_adapter: FlexKV's task table could not be repaired (%s: %s)",
                            type(exc).__name__, exc)  # fmt: skip
-            return removed
-        if type(value) is int:  # a task is a KVTask; only the keyword's own value is removed
-            del table[key]
-            removed.append(key)
+            break
+        removed.append(key)
     if removed:
         logger.info(
             "flexkv_adapter: removed %s from FlexKV's task table before its reset (expiring-dict 1.1.2 stores "

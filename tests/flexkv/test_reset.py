@@ -53,3 +53,16 @@ def test_a_manager_without_an_in_process_task_engine_is_left_alone():
     assert repair_task_table(SimpleNamespace()) == []  # server-client mode: the table is in FlexKV's server
     assert repair_task_table(manager(None)) == []
     assert repair_task_table(None) == []
+
+
+class Hostile(dict):
+    """A table that answers a read and refuses a removal (not FlexKV's: any mapping of another kind)."""
+
+    def __delitem__(self, key):
+        raise RuntimeError("read-only table")
+
+
+def test_a_table_that_refuses_the_repair_is_left_to_flexkvs_reset_with_a_warning(caplog):
+    tasks = Hostile(max_age_seconds=1800, max_len=100000)
+    assert repair_task_table(manager(tasks)) == [] and len(tasks) == 2
+    assert "could not be repaired (RuntimeError: read-only table)" in caplog.text
