@@ -24,7 +24,7 @@ from typing import Any
 from ..config.settings import load_settings
 from ..errors import AdapterError
 from .sglang_flush import SCHEDULER_MODULE, flush
-from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome
+from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome, waited
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 from .sglang_resolve import (
     CALLS,
@@ -83,7 +83,10 @@ class BridgeConnector:
         manager = getattr(self.connector, "kv_manager", None)
         self.observed = ObservedManager(manager) if manager is not None else None
         if self.observed is not None:
-            self.connector.kv_manager = self.observed  # records what each call did; changes nothing
+            self.connector.kv_manager = self.observed  # logs what each call did; changes nothing
+        # this call's log of FlexKV's KVManager calls (the leader's; stays empty elsewhere): cleared, with _clean,
+        # as each call that may reach FlexKV starts (inline: a method per call costs a frame on every request)
+        self._log: list[tuple[str, Any]] = self.observed.log if self.observed is not None else []
         self.quarantine = Quarantine(self.agreement)
         self.stores = StoreKeys()
         self._wait_s, self._clean = wait_s, False
@@ -101,18 +104,6 @@ class BridgeConnector:
         self.radix = radix
         self.quarantine.attach(radix.token_to_kv_pool_allocator)
 
-    def _key(self, handle: Any) -> str:
-        self._handle_type = type(handle)
-        return handle_key(handle)
-
-    def _watch(self) -> Seen:
-        """A fresh record of what FlexKV's KVManager does in this call (every lookup, load and store)."""
-        self._clean = False
-        seen = Seen()
-        if self.observed is not None:
-            self.observed.seen = seen
-        return seen
-
     def _cancel(self, task_ids: list[int]) -> None:
         """Cancel FlexKV tasks an error left behind (they hold FlexKV's CPU radix nodes and staging blocks)."""
         if task_ids and self.leader and self.manager is not None:
@@ -129,7 +120,8 @@ class BridgeConnector:
         if self.stale:
             return -1, 0
         key = None if handle is None else handle_key(handle)
-        seen = self._watch()
+        self._clean = False
+        self._log.clear()
         try:
             if self._lookup_logs_rid and handle is not None:
                 result = self.connector.lookup_kv(
@@ -138,7 +130,7 @@ class BridgeConnector:
             else:
                 result = self.connector.lookup_kv(token_ids=token_ids, token_mask=token_mask, rid=key)
         except Exception as exc:
-            self._cancel(seen.created)
+            self._cancel(Seen(self._log).created)
             self._failed("lookup", key, exc, "served as a miss")
             return self._agreed_lookup(handle, key, (-1, 0), failed=True)
         return self._agreed_lookup(handle, key, result, failed=False) if self.agreement.active else result
@@ -159,21 +151,23 @@ class BridgeConnector:
         count: int = slot_mapping.numel()
         pending = getattr(self.connector, "_pending_lookups", None)
         tid = -1 if pending is None else int(pending.get(key, -1))
-        seen = self._watch()
+        self._clean = False
+        self._log.clear()
         try:
             returned = self.connector.retrieve_kv(key, slot_mapping)
         except Exception as exc:
-            return self._settle_load(handle, key, slot_mapping, tid, seen, None, exc)
+            return self._settle_load(handle, key, slot_mapping, tid, None, exc)
         # the one outcome that needs no more: load_outcome's "count", at TP 1 (the rest is _settle_load's)
-        local = load_outcome(self.leader, seen, tid, count, returned, False) if type(returned) is int else None
+        local = load_outcome(self.leader, self._log, tid, count, returned, False) if type(returned) is int else None
         if local == count > 0 and not self.agreement.active:
             return count
-        return self._settle_load(handle, key, slot_mapping, tid, seen, returned, None)
+        return self._settle_load(handle, key, slot_mapping, tid, returned, None)
 
-    def _settle_load(self, handle: Any, key: str, slot_mapping: Any, tid: int, seen: Seen, returned: Any,
+    def _settle_load(self, handle: Any, key: str, slot_mapping: Any, tid: int, returned: Any,
                      error: Exception | None) -> int:  # fmt: skip
         """The load's agreed outcome (see :func:`.sglang_outcomes.load_outcome`): all, a miss or quarantined."""
         count = int(slot_mapping.numel())
+        log, seen = self._log, Seen(self._log)
         if error is None:
             try:
                 returned = int(returned)
@@ -181,7 +175,7 @@ class BridgeConnector:
                 returned, error = None, exc
         if error is not None and self.leader and seen.manager_error is not None and self.agreement.active:
             self.connector._sync_ctx.barrier()  # FlexKV raised before the barrier its other ranks wait in (:644-698)
-        local = load_outcome(self.leader, seen, tid, count, returned, error is not None)
+        local = load_outcome(self.leader, log, tid, count, returned, error is not None)
         if local == 0 and tid >= 0 and tid not in seen.launched:
             self._cancel([tid])  # never launched (launch raised): the get task still holds FlexKV's match
         agreed = self.agreement.min([local])[0] if self.agreement.active else local
@@ -190,12 +184,13 @@ class BridgeConnector:
         if agreed == QUARANTINE:
             self.quarantine.add(tid if self.leader else -1, slot_mapping)
         if local != count:
-            why = error or f"task {tid}: {seen.status(tid, 'not launched')}, {returned} of {count} slots"
+            why = error or f"task {tid}: {waited(log, tid, 'not launched')}, {returned} of {count} slots"
             outcome = "quarantined until FlexKV's copy ends" if agreed == QUARANTINE else "its slots are freed"
             self._failed("load", key, why, f"served as a miss; {outcome}")
         return 0
 
     def start_load_kv_layerwise(self, handle: Any, slot_mapping: Any) -> Any:
+        self._log.clear()  # read by no rule: kept from growing
         return self.connector.start_load_kv_layerwise(handle_key(handle), slot_mapping)
 
     def release_pending(self, handle: Any) -> None:
@@ -208,9 +203,11 @@ class BridgeConnector:
         """FlexKV's task id, or -1 (nothing stored: SGLang unlocks the node); a failed launch's put is cancelled."""
         if self.stale:
             return -1
-        base = self._key(handle)  # also notes SGLang's handle type, for the completions it reports (_handle)
+        self._handle_type = type(handle)  # SGLang's handle type, for the completions it reports (_handle)
+        base = handle_key(handle)
         key = self.stores.key(base)
-        seen = self._watch()
+        self._clean = False
+        self._log.clear()
         try:
             if self._store_logs_rid:
                 tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices,
@@ -218,6 +215,7 @@ class BridgeConnector:
             else:
                 tid = int(self.connector.store_kv(rid=key, token_ids=token_ids, kv_indices=kv_indices))
         except Exception as exc:
+            seen = Seen(self._log)
             self._cancel([t for t in seen.created if t not in seen.launched])
             return self._store_failed(key, exc)
         if self.agreement.active:
@@ -235,9 +233,11 @@ class BridgeConnector:
         return -1
 
     def prefetch_async(self, handle: Any, token_ids: Any) -> Any:
+        self._handle_type = type(handle)
+        self._log.clear()  # read by no rule: kept from growing
         if self._prefetch_logs_rid:
-            return self.connector.prefetch_async(self._key(handle), token_ids, sglang_req_id=handle.rid)
-        return self.connector.prefetch_async(self._key(handle), token_ids)
+            return self.connector.prefetch_async(handle_key(handle), token_ids, sglang_req_id=handle.rid)
+        return self.connector.prefetch_async(handle_key(handle), token_ids)
 
     def check_prefetch_progress(self, handle: Any) -> Any:
         return self.connector.check_prefetch_progress(handle_key(handle))

@@ -33,65 +33,77 @@ def status_of(response: Any) -> str:
     return str(value).lower() if value is not None else "missing"
 
 
+# The recorder's log entries: (what, value) as FlexKV's KVManager gave it, parsed only when a rule reads them.
+CREATED, LAUNCHED, WAITED, RAISED = "created", "launched", "waited", "raised"
+
+
 class Seen:
-    """What FlexKV's KVManager did during one bridge call (leader only); a plain slotted class, as one is made
-    on every lookup, load and store (a dataclass's field factories cost half as much again)."""
+    """What FlexKV's KVManager did during one bridge call (leader only), parsed from the recorder's log where a
+    failure's rule reads it (the success paths read only :func:`waited`)."""
 
-    __slots__ = ("created", "launched", "manager_error", "waits")
+    __slots__ = ("created", "launched", "manager_error")
 
-    def __init__(self) -> None:
+    def __init__(self, log: list[tuple[str, Any]]) -> None:
         self.created: list[int] = []  # get_match / put_match task ids
         self.launched: list[int] = []  # launch() returned for these
-        self.waits: dict[int, Any] = {}  # wait()'s responses as FlexKV gave them (read with status_of)
-        self.manager_error: BaseException | None = None  # launch() or wait() raised
+        self.manager_error: BaseException | None = None  # the last error launch() or wait() raised
+        for what, value in log:
+            if what == LAUNCHED:
+                if type(value) is list:
+                    self.launched += value
+                else:  # FlexKV also takes one id (kvmanager.py:307-315)
+                    self.launched += [int(value)] if hasattr(value, "__index__") else list(value)
+            elif what == CREATED:
+                if isinstance(value, tuple) and value and isinstance(value[0], int) and value[0] >= 0:
+                    self.created.append(value[0])
+            elif what == RAISED:
+                self.manager_error = value
 
-    def status(self, tid: int, unseen: str = "") -> str:
-        """Task ``tid``'s status as its wait gave it (:func:`status_of`), or ``unseen`` if it was not waited on."""
-        return status_of(self.waits[tid]) if tid in self.waits else unseen
+
+def waited(log: list[tuple[str, Any]], tid: int, unseen: str = "") -> str:
+    """Task ``tid``'s status as the last wait that answered for it gave it (:func:`status_of`), or ``unseen``."""
+    for what, value in reversed(log):
+        if what == WAITED and value and tid in value:
+            return status_of(value[tid])
+    return unseen
 
 
 class ObservedManager:
-    """The leader's KVManager, unchanged, recording each call's tasks for the bridge.
+    """The leader's KVManager, unchanged, logging what each call returned or raised for the bridge.
 
-    Every lookup, load and store passes through these methods, so nothing is computed that only a failure
-    reads: a wait's responses are kept as they came (:func:`status_of` reads them when asked)."""
+    Every lookup, load and store passes through these methods, so they only append FlexKV's own answer to
+    :attr:`log` (the bridge clears it as each of its calls starts); :class:`Seen` parses it when asked."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
-        self.seen = Seen()
+        self.log: list[tuple[str, Any]] = []
 
     def get_match(self, *args: Any, **kwargs: Any) -> Any:
-        return self._created(self.manager.get_match(*args, **kwargs))
+        result = self.manager.get_match(*args, **kwargs)
+        self.log.append((CREATED, result))
+        return result
 
     def put_match(self, *args: Any, **kwargs: Any) -> Any:
-        return self._created(self.manager.put_match(*args, **kwargs))
-
-    def _created(self, result: Any) -> Any:
-        if isinstance(result, tuple) and result and isinstance(result[0], int) and result[0] >= 0:
-            self.seen.created.append(result[0])
+        result = self.manager.put_match(*args, **kwargs)
+        self.log.append((CREATED, result))
         return result
 
     def launch(self, *args: Any, **kwargs: Any) -> Any:
         try:
             result = self.manager.launch(*args, **kwargs)
         except BaseException as exc:
-            self.seen.manager_error = exc
+            self.log.append((RAISED, exc))
             raise
-        ids = kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()
-        if type(ids) is list:
-            self.seen.launched += ids
-        else:  # FlexKV also takes one id (kvmanager.py:307-315)
-            self.seen.launched += [int(ids)] if hasattr(ids, "__index__") else list(ids)
+        self.log.append((LAUNCHED, kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()))
         return result
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         try:
             result = self.manager.wait(*args, **kwargs)
         except BaseException as exc:
-            self.seen.manager_error = exc
+            self.log.append((RAISED, exc))
             raise
-        if result:
-            self.seen.waits.update(result)
+        self.log.append((WAITED, result))
         return result
 
     def try_wait(self, *args: Any, **kwargs: Any) -> Any:
@@ -121,15 +133,17 @@ class Agreement:
         return [int(v) for v in tensor.tolist()]
 
 
-def load_outcome(leader: bool, seen: Seen, tid: int, count: int, returned: int | None, raised: bool) -> int:
-    """This rank's answer for one load: ``count`` (every slot written), 0 (a miss, nothing writes the slots)
-    or :data:`QUARANTINE` (FlexKV launched a copy whose end it has not reported)."""
+def load_outcome(leader: bool, log: list[tuple[str, Any]], tid: int, count: int, returned: int | None,
+                 raised: bool) -> int:  # fmt: skip
+    """This rank's answer for one load (``log``: the recorder's, of this call): ``count`` (every slot written),
+    0 (a miss, nothing writes the slots) or :data:`QUARANTINE` (FlexKV launched a copy whose end it has not
+    reported)."""
     if not leader:
         return count if not raised and returned == count else 0
-    status = seen.status(tid)
+    status = waited(log, tid)
     if not raised and status == "success" and returned == count:
         return count
-    if tid in seen.launched and status not in ENDED:
+    if status not in ENDED and tid in Seen(log).launched:
         return QUARANTINE  # past the deadline (timeout), or wait() raised: the copy may still run
     return 0
 
@@ -256,4 +270,14 @@ class Quarantine:
         return len(ended)
 
 
-__all__ = ["ENDED", "QUARANTINE", "Agreement", "ObservedManager", "Quarantine", "Seen", "load_outcome", "status_of"]
+__all__ = [
+    "ENDED",
+    "QUARANTINE",
+    "Agreement",
+    "ObservedManager",
+    "Quarantine",
+    "Seen",
+    "load_outcome",
+    "status_of",
+    "waited",
+]

@@ -38,7 +38,7 @@ def test_completed_keys_map_back_to_equal_handles(rid, attempt):
     from flexkv_adapter.integrations.sglang_stores import StoreKeys
 
     bridge = BridgeConnector.__new__(BridgeConnector)
-    bridge._handle_type, bridge.observed, bridge.leader = Handle, None, True
+    bridge._handle_type, bridge.observed, bridge.leader, bridge._log = Handle, None, True, []
     bridge.stores, bridge.quarantine = StoreKeys(), Quarantine(Agreement(None, False))
     bridge.connector = SimpleNamespace(
         check_completed_stores=lambda: [handle_key(Handle(rid, attempt)), handle_key(Handle(rid, attempt)) + "#store7"]
@@ -188,6 +188,7 @@ def test_a_load_counts_only_when_its_own_wait_said_success_and_every_slot_came_b
     bridge.leader, bridge.agreement = True, Agreement(None, False)
     bridge.observed, bridge.quarantine = ObservedManager(manager), Quarantine(Agreement(None, False))
     observed = bridge.observed
+    bridge._log = observed.log
 
     def retrieve_kv(key, slot_mapping):
         observed.launch(task_ids=[5], slot_mappings=[slot_mapping])

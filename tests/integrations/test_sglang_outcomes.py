@@ -15,7 +15,7 @@ from flexkv_adapter.integrations.sglang_outcomes import (
     Quarantine,
     Seen,
     load_outcome,
-    status_of,
+    waited,
 )
 
 
@@ -240,7 +240,7 @@ _CALL = st.one_of(
 def test_the_observed_manager_passes_every_call_through_unchanged_and_records_what_the_bridge_reads(calls):
     """What FlexKV's connector gets back is the manager's own answer (or its exception); the record holds the
     task ids created (valid ones only), launched (one id or a list, positional or keyword, only when launch
-    returned) and each wait's responses, and the last error launch or wait raised."""
+    returned) and each wait's responses, and the last error launch or wait raised (parsed by Seen from the log)."""
     manager = _Recorded()
     observed = ObservedManager(manager)
     created: list[int] = []
@@ -282,17 +282,18 @@ def test_the_observed_manager_passes_every_call_through_unchanged_and_records_wh
             assert got is responses
             waits.update(value)
         assert manager.calls[-1][0] == name
-    seen = observed.seen
+    seen = Seen(observed.log)
     assert seen.created == created and seen.launched == launched and seen.manager_error is error
-    assert {t: status_of(r) for t, r in seen.waits.items()} == waits
+    assert {t: waited(observed.log, t) for t in range(10)} == {t: waits.get(t, "") for t in range(10)}
 
 
 def test_load_outcome_reads_the_recorded_wait_response_of_its_own_task():
     """A load counts only when its own task's wait answered success; a launched task with no end is quarantined."""
-    seen = Seen()
-    seen.launched, seen.waits = [3, 4], {4: types.SimpleNamespace(status="success")}
-    assert load_outcome(True, seen, 4, 16, 16, False) == 16
-    assert load_outcome(True, seen, 3, 16, 16, False) == QUARANTINE  # launched, never answered
-    seen.waits[3] = types.SimpleNamespace(status=types.SimpleNamespace(value="FAILED"))
-    assert load_outcome(True, seen, 3, 16, 16, False) == 0
-    assert load_outcome(True, seen, 4, 16, 15, False) == 0  # fewer slots than asked
+    log = [("launched", [3, 4]), ("waited", {4: types.SimpleNamespace(status="success")})]
+    assert load_outcome(True, log, 4, 16, 16, False) == 16
+    assert load_outcome(True, log, 3, 16, 16, False) == QUARANTINE  # launched, never answered
+    log.append(("waited", {3: types.SimpleNamespace(status=types.SimpleNamespace(value="FAILED"))}))
+    assert load_outcome(True, log, 3, 16, 16, False) == 0
+    assert load_outcome(True, log, 4, 16, 15, False) == 0  # fewer slots than asked
+    log.append(("waited", {4: types.SimpleNamespace(status="timeout")}))  # the last answer for a task is its status
+    assert load_outcome(True, log, 4, 16, 16, False) == QUARANTINE
