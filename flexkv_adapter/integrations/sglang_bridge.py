@@ -251,6 +251,7 @@ class BridgeConnector:
     def check_completed_stores(self) -> list[Any]:
         """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank); quarantined
         loads whose copy ended give their slots back."""
+        self._log.clear()  # every step: FlexKV's per-tick drain_launched_loads logs a wait no rule reads
         try:
             keys = self.connector.check_completed_stores()
         except Exception as exc:

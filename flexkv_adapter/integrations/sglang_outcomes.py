@@ -49,15 +49,24 @@ class Seen:
         self.manager_error: BaseException | None = None  # the last error launch() or wait() raised
         for what, value in log:
             if what == LAUNCHED:
-                if type(value) is list:
-                    self.launched += value
-                else:  # FlexKV also takes one id (kvmanager.py:307-315)
-                    self.launched += [int(value)] if hasattr(value, "__index__") else list(value)
+                self.launched += _ids(value)
             elif what == CREATED:
                 if isinstance(value, tuple) and value and isinstance(value[0], int) and value[0] >= 0:
                     self.created.append(value[0])
             elif what == RAISED:
                 self.manager_error = value
+
+
+def _ids(value: Any) -> list[int]:
+    """launch()'s task ids as FlexKV takes them: a list, or one id (kvmanager.py:307-315); ids this cannot read
+    (no FlexKV passes them) are none, logged, rather than an error raised where a rule reads the record."""
+    if type(value) is list:
+        return value
+    try:
+        return [int(value)] if hasattr(value, "__index__") else [int(v) for v in value]
+    except (TypeError, ValueError) as exc:
+        logger.warning("flexkv_adapter (SGLang plugin): launch() took task ids it cannot read (%r: %s)", value, exc)
+        return []
 
 
 def waited(log: list[tuple[str, Any]], tid: int, unseen: str = "") -> str:

@@ -200,3 +200,48 @@ def test_a_load_counts_only_when_its_own_wait_said_success_and_every_slot_came_b
     assert got == (count if status == "success" and returned == count else 0)
     assert len(bridge.quarantine) == (status == "timeout")
     assert manager.cancelled == []  # launched: never cancelled (FlexKV would forget a running copy)
+
+
+class _Matcher(_Manager):
+    """A KVManager whose get_match hands out task ids 1, 2, ... (each a held match)."""
+
+    def __init__(self) -> None:
+        super().__init__("success")
+        self.next_id = 0
+
+    def get_match(self, **kwargs):
+        self.next_id += 1
+        return self.next_id, None
+
+
+@given(st.integers(0, 4), st.booleans())
+def test_a_failed_lookup_cancels_only_the_tasks_its_own_call_created(earlier, poll_between):
+    """Earlier lookups' held matches (other requests' loads to come) survive a later lookup's failure: the record
+    a failure reads starts afresh with each call, and a store poll between calls does not change that."""
+    from flexkv_adapter.integrations.sglang_outcomes import Agreement, ObservedManager, Quarantine
+    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+
+    manager = _Matcher()
+    bridge = BridgeConnector.__new__(BridgeConnector)
+    bridge.leader, bridge.agreement, bridge._handle_type = True, Agreement(None, False), Handle
+    bridge.observed, bridge.quarantine, bridge.stores = (
+        ObservedManager(manager),
+        Quarantine(Agreement(None, False)),
+        StoreKeys(),
+    )
+    bridge._log, bridge._lookup_logs_rid = bridge.observed.log, False
+    fails = iter([False] * earlier + [True])
+
+    def lookup_kv(token_ids, token_mask, rid=None):
+        tid, _ = bridge.observed.get_match(token_ids=token_ids)  # FlexKV's connector matches through the recorder
+        if next(fails):
+            raise BrokenPipeError("the transfer pipe closed")
+        return tid, 16
+
+    bridge.connector = SimpleNamespace(lookup_kv=lookup_kv, check_completed_stores=lambda: [])
+    for i in range(earlier):
+        assert bridge.lookup_kv([1] * 16, None, Handle(f"r{i}", 0)) == (i + 1, 16)
+        if poll_between:
+            assert bridge.check_completed_stores() == []
+    assert bridge.lookup_kv([1] * 16, None, Handle("last", 0)) == (-1, 0)  # served as a miss
+    assert manager.cancelled == [earlier + 1]  # its own match only
