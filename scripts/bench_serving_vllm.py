@@ -218,7 +218,8 @@ def sizes_run(
     ``steps`` steps. A mode's step time is the median over rounds of its rounds' medians; the plugin's ratio
     is the median of every paired step (plugin / baseline, same step). At 4096 requests a pair's ratio spreads
     by +-15 % (a step's CPU time moves with the memory of three large engines); the median of round medians of
-    three pairs each read 0.93-1.01 in the A/A control, the median of all pairs 0.985-1.014.
+    three pairs each read 0.93-1.01 in the A/A control, the median of all pairs 0.955-1.024 (30 pairs; the
+    row resolves about +-4 %, the smaller sizes about +-1 %).
 
     No load fails here: the plugin has vLLM recompute a failed load where the baseline serves it as a hit,
     which is more work for vLLM, not the plugin's cost. Failed loads are in :func:`growth_run`.
