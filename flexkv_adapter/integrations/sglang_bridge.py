@@ -166,17 +166,16 @@ class BridgeConnector:
     def _settle_load(self, handle: Any, key: str, slot_mapping: Any, tid: int, returned: Any,
                      error: Exception | None) -> int:  # fmt: skip
         """The load's agreed outcome (see :func:`.sglang_outcomes.load_outcome`): all, a miss or quarantined."""
-        count = int(slot_mapping.numel())
-        log, seen = self._log, Seen(self._log)
+        count, log = int(slot_mapping.numel()), self._log
         if error is None:
             try:
                 returned = int(returned)
             except Exception as exc:  # not a count: as if FlexKV's call had raised
                 returned, error = None, exc
-        if error is not None and self.leader and seen.manager_error is not None and self.agreement.active:
+        if error is not None and self.leader and self.agreement.active and Seen(log).manager_error is not None:
             self.connector._sync_ctx.barrier()  # FlexKV raised before the barrier its other ranks wait in (:644-698)
         local = load_outcome(self.leader, log, tid, count, returned, error is not None)
-        if local == 0 and tid >= 0 and tid not in seen.launched:
+        if local == 0 and tid >= 0 and tid not in Seen(log).launched:
             self._cancel([tid])  # never launched (launch raised): the get task still holds FlexKV's match
         agreed = self.agreement.min([local])[0] if self.agreement.active else local
         if agreed == count > 0:
@@ -190,7 +189,6 @@ class BridgeConnector:
         return 0
 
     def start_load_kv_layerwise(self, handle: Any, slot_mapping: Any) -> Any:
-        self._log.clear()  # read by no rule: kept from growing
         return self.connector.start_load_kv_layerwise(handle_key(handle), slot_mapping)
 
     def release_pending(self, handle: Any) -> None:
@@ -234,7 +232,6 @@ class BridgeConnector:
 
     def prefetch_async(self, handle: Any, token_ids: Any) -> Any:
         self._handle_type = type(handle)
-        self._log.clear()  # read by no rule: kept from growing
         if self._prefetch_logs_rid:
             return self.connector.prefetch_async(handle_key(handle), token_ids, sglang_req_id=handle.rid)
         return self.connector.prefetch_async(handle_key(handle), token_ids)
@@ -251,7 +248,7 @@ class BridgeConnector:
     def check_completed_stores(self) -> list[Any]:
         """FlexKV's completed keys as SGLang's handles (a collective in FlexKV: call it on every rank); quarantined
         loads whose copy ended give their slots back."""
-        self._log.clear()  # every step: FlexKV's per-tick drain_launched_loads logs a wait no rule reads
+        self._log.clear()  # every step: what FlexKV's drain, layerwise and prefetch calls log, no rule reads
         try:
             keys = self.connector.check_completed_stores()
         except Exception as exc:

@@ -245,3 +245,31 @@ def test_a_failed_lookup_cancels_only_the_tasks_its_own_call_created(earlier, po
             assert bridge.check_completed_stores() == []
     assert bridge.lookup_kv([1] * 16, None, Handle("last", 0)) == (-1, 0)  # served as a miss
     assert manager.cancelled == [earlier + 1]  # its own match only
+
+
+@given(st.integers(1, 50))
+def test_the_store_poll_empties_the_record_that_calls_outside_a_lookup_load_or_store_fill(drains):
+    """FlexKV's drain_launched_loads (every scheduler tick, through the bridge's __getattr__) waits through the
+    recorder; nothing reads those entries, and the store poll SGLang makes every tick drops them."""
+    from flexkv_adapter.integrations.sglang_outcomes import Agreement, ObservedManager, Quarantine
+    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+
+    manager = _Manager("success")
+    bridge = BridgeConnector.__new__(BridgeConnector)
+    bridge.leader, bridge.agreement, bridge._handle_type = True, Agreement(None, False), Handle
+    bridge.observed, bridge.quarantine, bridge.stores = (
+        ObservedManager(manager),
+        Quarantine(Agreement(None, False)),
+        StoreKeys(),
+    )
+    bridge._log = bridge.observed.log
+
+    def drain_launched_loads(threshold=100):
+        bridge.observed.wait(list(range(threshold)), timeout=0.0, completely=True)  # connector.py:966-967
+
+    bridge.connector = SimpleNamespace(drain_launched_loads=drain_launched_loads, check_completed_stores=lambda: [])
+    for _ in range(drains):
+        bridge.drain_launched_loads()
+    assert len(bridge.observed.log) == drains  # what the recorder holds until the poll
+    assert bridge.check_completed_stores() == []
+    assert bridge.observed.log == []
