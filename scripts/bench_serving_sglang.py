@@ -137,7 +137,8 @@ def paired_step(kind: str, rigs_by_mode: dict[str, Any], work: dict[str, Workloa
                 first: int) -> dict[str, float]:  # fmt: skip
     """One step of ``n`` requests in each mode, the modes taking turns request by request (each on its own rig),
     then each mode's poll: both modes' steps span the same stretch of the machine's time, so a pair shares its
-    state at the grain of one request, not of a whole step. ``first`` alternates which mode goes first."""
+    state at the grain of one request, not of a whole step. ``first`` alternates which mode goes first on a step's
+    first request."""
     request, poll = (_bridge_request, _bridge_poll) if kind == "bridge" else (_radix_request, _radix_poll)
     order = MODES if first % 2 else MODES[::-1]
     # the bridge's baseline calls FlexKV directly; the radix baseline unhooks the plugin's hooks
@@ -152,7 +153,11 @@ def paired_step(kind: str, rigs_by_mode: dict[str, Any], work: dict[str, Workloa
     times = dict.fromkeys(MODES, 0.0)
     try:
         for i in range(n):
-            for m in order if i % 2 else order[::-1]:
+            # the lead swaps every two requests: each mode leads on half the hits and half the misses (the
+            # workloads alternate them). Swapping every request put one mode ahead on every hit of a step, and
+            # a load's wait on FlexKV's transfer process (kvtask.py:1053-1105: polled every 1 ms, in CPU time
+            # here) depends on what the other rig's transfer process is copying: step ratios swung 0.91-1.13
+            for m in order if (i // 2) % 2 else order[::-1]:
                 rid, ids = work[m].next()
                 times[m] += request(rigs_by_mode[m], ids, rid, flag[m])
         for m in order:
@@ -237,14 +242,16 @@ def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control:
 
 
 REAL, STANDIN = "real KVManager", "stand-in"
-# (kind, requests, repeats, steps) per setup. At one request the A/A control reads within about 1 us over the
-# stand-in and within about 50 us over FlexKV's real KVManager (its IPC with its server process): the plugin's
-# added work, the same code whatever is behind FlexKV's connector, is resolved over the stand-in. From 64 on,
-# the ratio needs FlexKV's real per-call cost as its denominator; the stand-in's rows there are for scale. The real
-# rows are sized for the driver's 3 minutes on a 2-core machine: a 256-request step over it takes about 1 s of wall
-# time (FlexKV's own processes work through it), and start-up (two FlexKV servers with their workers) about 30 s.
+# (kind, requests, repeats, steps) per setup. At one request the A/A control reads within about 1.5 us over the
+# stand-in with 400 steps a round (on a 2-core AMD EPYC; with 100-200 the plugin's figure there moved between 14
+# and 21 us across runs, where the goal is 20) and within about 50 us over FlexKV's real KVManager (its IPC with
+# its server process): the plugin's added work, the same code whatever is behind FlexKV's connector, is resolved
+# over the stand-in. From 64 on, the ratio needs FlexKV's real per-call cost as its denominator; the stand-in's
+# rows there are for scale. The real rows are sized for the driver's 3 minutes on a 2-core machine: a 256-request
+# step over it takes about 1 s of wall time (FlexKV's own processes work through it), and start-up (two FlexKV
+# servers with their workers) about 30 s.
 PLANS = {
-    STANDIN: [("bridge", 1, 6, 200), ("radix", 1, 6, 100), ("bridge", 64, 6, 10), ("radix", 64, 6, 4)],
+    STANDIN: [("bridge", 1, 6, 400), ("radix", 1, 6, 400), ("bridge", 64, 4, 8), ("radix", 64, 4, 4)],
     REAL: [("bridge", 64, 4, 4), ("bridge", 256, 4, 2), ("radix", 64, 4, 4)],
 }
 QUICK = [("bridge", 1, 2, 4), ("radix", 1, 2, 4), ("bridge", 8, 2, 2), ("radix", 8, 2, 2)]

@@ -140,7 +140,8 @@ def _bookkeeping_only(mp: Any) -> None:
     """The stand-in's tasks without their byte copies or call records: the same outcomes and FlexKV hits."""
     from tests.sglang import flexkv_serving
 
-    def launch(self: Any, task_ids: list[int], slot_mappings: list[Any], *args: Any, **kwargs: Any) -> list[int]:
+    def launch(self: Any, task_ids: list[int], slot_mappings: list[Any], swa_slot_mappings: Any = None,
+               as_batch: bool = False, layerwise_transfer: bool = False, counter_id: int = 0) -> list[int]:  # fmt: skip
         for tid, slots in zip(task_ids, slot_mappings, strict=True):
             task = self.tasks[tid]
             task.slots, task.status = slots.clone(), "running"  # FlexKV serializes the slot mapping to its workers

@@ -336,7 +336,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             out: dict[str, Any] = {"vllm": sizes_run(cls, [1, 8], repeats=2, steps=5, tmp=Path(tmp))}
             out |= growth_run(cls, finished=60, window=10, n=4, tmp=Path(tmp))
         else:
-            plan = ((1, 7, 100, 12), (64, 7, 40, 12), (512, 7, 24, 10), (4096, 10, 3, 6))
+            plan = ((1, 7, 100, 12), (64, 7, 40, 12), (512, 7, 18, 10), (4096, 10, 3, 6))
             out = {"vllm": [row for n, r, s, w in plan for row in sizes_run(cls, [n], r, s, Path(tmp), w, control)]}
             if control:
                 return out

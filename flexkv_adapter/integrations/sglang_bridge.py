@@ -24,7 +24,8 @@ from typing import Any
 from ..config.settings import load_settings
 from ..errors import AdapterError
 from .sglang_flush import SCHEDULER_MODULE, flush
-from .sglang_outcomes import QUARANTINE, Agreement, ObservedManager, Quarantine, Seen, load_outcome, waited
+from .sglang_outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
+from .sglang_recorder import ObservedManager
 from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
 from .sglang_resolve import (
     CALLS,

@@ -4,9 +4,9 @@ FlexKV's connector (34ab141) answers ``retrieve_kv`` with a slot count that hide
 non-leader ranks return the full count whatever the leader's copy did (connector.py:634, :694), a
 copy past ``wait``'s 30 s deadline returns 0 while FlexKV still writes the slots (:666;
 kvtask.py:1097-1104), and a launch error is re-raised on the leader before the barrier its peers wait
-in (:644-655). :class:`ObservedManager` records what the leader's ``KVManager`` did during a call;
-:func:`load_outcome` classifies it; :class:`Agreement` makes every TP rank take the same answer;
-:class:`Quarantine` keeps slots FlexKV may still write until FlexKV reports the task ended.
+in (:644-655). :class:`.sglang_recorder.ObservedManager` records what the leader's ``KVManager`` did
+during a call; :func:`load_outcome` classifies it; :class:`Agreement` makes every TP rank take the same
+answer; :class:`Quarantine` keeps slots FlexKV may still write until FlexKV reports the task ended.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import AdapterError
+from .sglang_recorder import CREATED, LAUNCHED, RAISED, WAITED, ObservedManager
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +32,6 @@ def status_of(response: Any) -> str:
     status = getattr(response, "status", None)
     value = getattr(status, "value", status)
     return str(value).lower() if value is not None else "missing"
-
-
-# The recorder's log entries: (what, value) as FlexKV's KVManager gave it, parsed only when a rule reads them.
-CREATED, LAUNCHED, WAITED, RAISED = "created", "launched", "waited", "raised"
 
 
 class Seen:
@@ -75,54 +72,6 @@ def waited(log: list[tuple[str, Any]], tid: int, unseen: str = "") -> str:
         if what == WAITED and value and tid in value:
             return status_of(value[tid])
     return unseen
-
-
-class ObservedManager:
-    """The leader's KVManager, unchanged, logging what each call returned or raised for the bridge.
-
-    Every lookup, load and store passes through these methods, so they only append FlexKV's own answer to
-    :attr:`log` (the bridge clears it as each of its calls starts); :class:`Seen` parses it when asked."""
-
-    def __init__(self, manager: Any) -> None:
-        self.manager = manager
-        self.log: list[tuple[str, Any]] = []
-
-    def get_match(self, *args: Any, **kwargs: Any) -> Any:
-        result = self.manager.get_match(*args, **kwargs)
-        self.log.append((CREATED, result))
-        return result
-
-    def put_match(self, *args: Any, **kwargs: Any) -> Any:
-        result = self.manager.put_match(*args, **kwargs)
-        self.log.append((CREATED, result))
-        return result
-
-    def launch(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            result = self.manager.launch(*args, **kwargs)
-        except BaseException as exc:
-            self.log.append((RAISED, exc))
-            raise
-        self.log.append((LAUNCHED, kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()))
-        return result
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            result = self.manager.wait(*args, **kwargs)
-        except BaseException as exc:
-            self.log.append((RAISED, exc))
-            raise
-        self.log.append((WAITED, result))
-        return result
-
-    def try_wait(self, *args: Any, **kwargs: Any) -> Any:
-        """FlexKV's store poll, every step: a method, as a miss into __getattr__ costs an AttributeError."""
-        return self.manager.try_wait(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "manager":
-            raise AttributeError(name)
-        return getattr(self.manager, name)
 
 
 class Agreement:
@@ -199,7 +148,8 @@ class Quarantine:
         quarantined slots keeps them here. The filter is on ``allocator.free`` only while something is withheld
         (a load that this call quarantines puts it on at once): a plain context manager, as it runs on every
         load (a generator-based one and a filter on every call cost more than the rest of the hook)."""
-        self.attach(allocator)  # before __enter__: a refusal leaves the depth and any filter as they were
+        if allocator is not self.allocator:  # the one attached at start-up passed attach's checks then
+            self.attach(allocator)  # before __enter__: a refusal leaves the depth and any filter as they were
         return self
 
     def attach(self, allocator: Any) -> None:

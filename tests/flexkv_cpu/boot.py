@@ -85,7 +85,7 @@ class Finder(importlib.abc.MetaPathFinder):
         if name not in AFTER_IMPORT:
             return None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if isinstance(finder, Finder) or not hasattr(finder, "find_spec"):  # two would ask each other forever
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None:
@@ -140,5 +140,6 @@ def install_for_test(monkeypatch: Any, flexkv_source: str) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, site, flexkv_source]))
     for name, value in ((ENABLED, "1"), ("FLEXKV_INDEX_ACCEL", "0"), ("FLEXKV_ENABLE_MPS", "0")):
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    if not any(isinstance(f, Finder) for f in sys.meta_path):  # a spawned child's start-up hook put one there
+        monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
     _torch_without_gpu(monkeypatch.setattr)

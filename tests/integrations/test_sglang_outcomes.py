@@ -11,11 +11,8 @@ from hypothesis import strategies as st
 from flexkv_adapter.integrations.sglang_outcomes import (
     QUARANTINE,
     Agreement,
-    ObservedManager,
     Quarantine,
-    Seen,
     load_outcome,
-    waited,
 )
 
 
@@ -198,93 +195,6 @@ def test_an_allocator_whose_free_cannot_be_replaced_is_refused_before_anything_c
     with quarantine.withholding(allocator):  # the refusal left no depth behind: this one ends clean
         allocator.free(torch.tensor([3, 4]))
     assert [t.tolist() for t in allocator.freed] == [[4]] and "free" not in vars(allocator)
-
-
-class _Recorded:
-    """A KVManager whose calls answer as told, recording what reached it."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
-        self.answers: list[object] = []
-
-    def _answer(self, name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
-        self.calls.append((name, args, kwargs))
-        answer = self.answers.pop(0)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    def get_match(self, *args: object, **kwargs: object) -> object:
-        return self._answer("get_match", args, kwargs)
-
-    def put_match(self, *args: object, **kwargs: object) -> object:
-        return self._answer("put_match", args, kwargs)
-
-    def launch(self, *args: object, **kwargs: object) -> object:
-        return self._answer("launch", args, kwargs)
-
-    def wait(self, *args: object, **kwargs: object) -> object:
-        return self._answer("wait", args, kwargs)
-
-
-_STATUS = st.sampled_from(["success", "failed", "timeout", "cancelled", "unready"])
-_IDS = st.one_of(st.integers(0, 9), st.lists(st.integers(0, 9), max_size=3))
-_CALL = st.one_of(
-    st.tuples(st.sampled_from(["get_match", "put_match"]), st.one_of(st.integers(-2, 9), st.none()), st.booleans()),
-    st.tuples(st.just("launch"), _IDS, st.booleans()),
-    st.tuples(st.just("wait"), st.dictionaries(st.integers(0, 9), _STATUS, max_size=3), st.booleans()),
-)
-
-
-@given(st.lists(_CALL, max_size=8))
-def test_the_observed_manager_passes_every_call_through_unchanged_and_records_what_the_bridge_reads(calls):
-    """What FlexKV's connector gets back is the manager's own answer (or its exception); the record holds the
-    task ids created (valid ones only), launched (one id or a list, positional or keyword, only when launch
-    returned) and each wait's responses, and the last error launch or wait raised (parsed by Seen from the log)."""
-    manager = _Recorded()
-    observed = ObservedManager(manager)
-    created: list[int] = []
-    launched: list[int] = []
-    waits: dict[int, str] = {}
-    error = None
-    for name, value, fails in calls:
-        boom = BrokenPipeError(name)
-        if name in ("get_match", "put_match"):
-            answer: object = None if value is None else (value, "mask")
-            manager.answers.append(boom if fails else answer)
-            try:
-                got = getattr(observed, name)(token_ids=[1, 2])
-            except BrokenPipeError as exc:
-                assert fails and exc is boom
-                continue
-            assert got is answer and not fails
-            created += [value] if value is not None and value >= 0 else []
-        elif name == "launch":
-            manager.answers.append(boom if fails else [7])
-            positional = isinstance(value, int)  # one id passed positionally, a list by keyword
-            try:
-                got = observed.launch(value, ["slots"]) if positional else observed.launch(task_ids=value)
-            except BrokenPipeError as exc:
-                assert fails and exc is boom
-                error = boom
-                continue
-            assert got == [7]
-            launched += [value] if positional else value
-        else:
-            responses = {t: types.SimpleNamespace(status=s) for t, s in value.items()}
-            manager.answers.append(boom if fails else responses)
-            try:
-                got = observed.wait(list(value), timeout=1.0)
-            except BrokenPipeError as exc:
-                assert fails and exc is boom
-                error = boom
-                continue
-            assert got is responses
-            waits.update(value)
-        assert manager.calls[-1][0] == name
-    seen = Seen(observed.log)
-    assert seen.created == created and seen.launched == launched and seen.manager_error is error
-    assert {t: waited(observed.log, t) for t in range(10)} == {t: waits.get(t, "") for t in range(10)}
 
 
 def test_load_outcome_reads_the_recorded_wait_response_of_its_own_task():

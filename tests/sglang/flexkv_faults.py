@@ -65,7 +65,7 @@ class FaultyKVManager(DataKVManager):
 
     def get_match(self, token_ids: np.ndarray, token_mask: np.ndarray, swa_aware: bool = False) -> tuple[int, Any]:
         self._tick()
-        return super().get_match(token_ids, token_mask, swa_aware)
+        return super().get_match(token_ids, token_mask, swa_aware=swa_aware)
 
     def put_match(self, token_ids: np.ndarray, token_mask: Any = None) -> tuple[int, Any]:
         self._tick()

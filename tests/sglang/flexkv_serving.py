@@ -84,7 +84,10 @@ class DataKVManager:
         ids = [int(t) for t in token_ids]
         return [tuple(ids[: end + self.page]) for end in range(0, len(ids) - self.page + 1, self.page)]
 
-    def get_match(self, token_ids: np.ndarray, token_mask: np.ndarray, swa_aware: bool = False) -> tuple[int, Any]:
+    # FlexKV 34ab141's KVManager signatures (kvmanager.py:199-313), so that the bridge records these calls as it
+    # records FlexKV's own (sglang_recorder: by position where the signature is FlexKV's)
+    def get_match(self, token_ids: np.ndarray, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
+                  swa_aware: bool = False) -> tuple[int, Any]:  # fmt: skip
         cached = 0
         for prefix in self._prefixes(token_ids):
             if prefix not in self.pages:
@@ -92,7 +95,8 @@ class DataKVManager:
             cached += 1
         mask = np.zeros(len(token_ids), dtype=bool)
         mask[: cached * self.page] = True
-        mask &= np.asarray(token_mask, dtype=bool)
+        if token_mask is not None:  # FlexKV: no mask, every token
+            mask &= np.asarray(token_mask, dtype=bool)
         pages = [
             p
             for i, p in enumerate(self._prefixes(token_ids)[:cached])
@@ -102,7 +106,7 @@ class DataKVManager:
         fk.CALLS.append(("get_match", {"tokens": len(token_ids), "hit": int(mask.sum())}))
         return self._new(_Task("get", pages, counts, status="created" if pages else "success")), mask
 
-    def put_match(self, token_ids: np.ndarray, token_mask: Any = None) -> tuple[int, Any]:
+    def put_match(self, token_ids: np.ndarray, token_mask: Any = None, namespace: Any = None) -> tuple[int, Any]:
         missing = [p for p in self._prefixes(token_ids) if p not in self.pages]
         mask = np.zeros(len(token_ids), dtype=bool)
         for p in missing:
@@ -110,7 +114,7 @@ class DataKVManager:
         return self._new(_Task("put", missing, [self.page] * len(missing))), mask
 
     def launch(self, task_ids: list[int], slot_mappings: list[torch.Tensor], swa_slot_mappings: Any = None,
-               as_batch: bool = False, layerwise_transfer: bool = False) -> list[int]:  # fmt: skip
+               as_batch: bool = False, layerwise_transfer: bool = False, counter_id: int = 0) -> list[int]:  # fmt: skip
         for tid, slots in zip(task_ids, slot_mappings):
             task = self.tasks[tid]
             task.slots, task.status = slots.clone(), "running"

@@ -1,0 +1,124 @@
+"""The leader's FlexKV KVManager, unchanged, logging what each call returned or raised for the SGLang bridge.
+
+FlexKV's connector makes four or five KVManager calls per request (lookup, load, store), and the bridge's
+rules (:mod:`.sglang_outcomes`) read what they answered. A pass-through with ``*args, **kwargs`` packs and
+unpacks FlexKV's keywords on every call (about 0.8 us each, most of the bridge's cost per request), so each
+method that the manager declares exactly as FlexKV 34ab141's KVManager does (kvmanager.py:199-373: names,
+kinds and defaults) is recorded through a method with that signature, which passes every argument on by
+position; any other signature (another FlexKV, a stand-in) gets the generic pass-through, which forwards
+exactly what the caller passed. Both record the same log.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+# The log's entries: (what, value) as FlexKV's KVManager gave it, parsed only when a rule reads them.
+CREATED, LAUNCHED, WAITED, RAISED = "created", "launched", "waited", "raised"
+
+
+class ObservedManager:
+    """The manager, each call appending FlexKV's own answer to :attr:`log` (the bridge clears it as each of its
+    calls starts; :class:`.sglang_outcomes.Seen` parses it when asked). The methods below are FlexKV 34ab141's
+    signatures; :meth:`__init__` replaces, on this instance, each one the manager declares otherwise."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.log: list[tuple[str, Any]] = []
+        self.generic: tuple[str, ...] = tuple(name for name in _GENERIC if not _same_signature(manager, name))
+        for name in self.generic:
+            setattr(self, name, types.MethodType(_GENERIC[name], self))
+
+    def get_match(self, token_ids: Any, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
+                  swa_aware: bool = False) -> Any:  # fmt: skip
+        result = self.manager.get_match(token_ids, token_mask, cpu_only, namespace, swa_aware)
+        self.log.append((CREATED, result))
+        return result
+
+    def put_match(self, token_ids: Any, token_mask: Any = None, namespace: Any = None) -> Any:
+        result = self.manager.put_match(token_ids, token_mask, namespace)
+        self.log.append((CREATED, result))
+        return result
+
+    def launch(self, task_ids: Any, slot_mappings: Any, swa_slot_mappings: Any = None, as_batch: bool = False,
+               layerwise_transfer: bool = False, counter_id: int = 0) -> Any:  # fmt: skip
+        try:
+            result = self.manager.launch(task_ids, slot_mappings, swa_slot_mappings, as_batch, layerwise_transfer,
+                                         counter_id)  # fmt: skip
+        except BaseException as exc:
+            self.log.append((RAISED, exc))
+            raise
+        self.log.append((LAUNCHED, task_ids))
+        return result
+
+    def wait(self, task_ids: Any, timeout: float = 20.0, completely: bool = False) -> Any:
+        try:
+            result = self.manager.wait(task_ids, timeout, completely)
+        except BaseException as exc:
+            self.log.append((RAISED, exc))
+            raise
+        self.log.append((WAITED, result))
+        return result
+
+    def try_wait(self, task_ids: Any) -> Any:
+        """FlexKV's store poll, every step: a method, as a miss into __getattr__ costs an AttributeError."""
+        return self.manager.try_wait(task_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "manager":
+            raise AttributeError(name)
+        return getattr(self.manager, name)
+
+
+def _signature(fn: Any) -> list[tuple[str, Any, Any]] | None:
+    try:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError):
+        return None
+
+
+def _same_signature(manager: Any, name: str) -> bool:
+    """Whether ``manager``'s method ``name`` takes what this class's does, with the same defaults: only then may the
+    recorder pass every argument on by position (a default of its own would replace the manager's)."""
+    ours = _signature(getattr(ObservedManager, name))
+    theirs = _signature(getattr(manager, name, None))
+    return theirs is not None and ours is not None and theirs == ours[1:]
+
+
+def _generic_match(self: ObservedManager, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = getattr(self.manager, name)(*args, **kwargs)
+    self.log.append((CREATED, result))
+    return result
+
+
+def _generic_launch(self: ObservedManager, *args: Any, **kwargs: Any) -> Any:
+    try:
+        result = self.manager.launch(*args, **kwargs)
+    except BaseException as exc:
+        self.log.append((RAISED, exc))
+        raise
+    self.log.append((LAUNCHED, kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()))
+    return result
+
+
+def _generic_wait(self: ObservedManager, *args: Any, **kwargs: Any) -> Any:
+    try:
+        result = self.manager.wait(*args, **kwargs)
+    except BaseException as exc:
+        self.log.append((RAISED, exc))
+        raise
+    self.log.append((WAITED, result))
+    return result
+
+
+_GENERIC = {
+    "get_match": lambda self, *args, **kwargs: _generic_match(self, "get_match", args, kwargs),
+    "put_match": lambda self, *args, **kwargs: _generic_match(self, "put_match", args, kwargs),
+    "launch": _generic_launch,
+    "wait": _generic_wait,
+    "try_wait": lambda self, *args, **kwargs: self.manager.try_wait(*args, **kwargs),
+}
+
+__all__ = ["CREATED", "LAUNCHED", "RAISED", "WAITED", "ObservedManager"]
