@@ -137,10 +137,10 @@ def paired_step(kind: str, rigs_by_mode: dict[str, Any], work: dict[str, Workloa
                 first: int) -> dict[str, float]:  # fmt: skip
     """One step of ``n`` requests in each mode, the modes taking turns request by request (each on its own rig),
     then each mode's poll: both modes' steps span the same stretch of the machine's time, so a pair shares its
-    state at the grain of one request, not of a whole step. ``first`` alternates which mode goes first on a step's
-    first request."""
+    state at the grain of one request, not of a whole step. ``first`` (the step's index) swaps the lead every two
+    steps, which balances the one- and two-request steps (the workloads' hits follow the step there)."""
     request, poll = (_bridge_request, _bridge_poll) if kind == "bridge" else (_radix_request, _radix_poll)
-    order = MODES if first % 2 else MODES[::-1]
+    order = MODES if (first // 2) % 2 else MODES[::-1]  # one or two requests a step: balanced over four steps
     # the bridge's baseline calls FlexKV directly; the radix baseline unhooks the plugin's hooks
     flag = {m: (m == "plugin" and not control) ^ (kind == "bridge") for m in MODES}
     if kind == "bridge":
@@ -214,6 +214,9 @@ def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control:
     itself reads (A/A)."""
     if repeats < 2 or repeats % 2 or steps < 2:
         raise ValueError(f"measure: repeats even and >= 2 (each rig runs each mode), steps >= 2: {repeats}, {steps}")
+    if not (n % 4 == 0 or (n in (1, 2) and steps % 4 == 0)):
+        raise ValueError(f"measure: {n} requests x {steps} steps: each mode leads on half the hits only with a "
+                         "multiple of 4 requests, or 1-2 requests and a multiple of 4 steps")  # fmt: skip
     work = {m: Workload(f"{kind}{n}{m}-", base=10**8 * (i + 1)) for i, m in enumerate(MODES)}
     baseline: dict[int, list[float]] = {0: [], 1: []}  # by the baseline's rig: its rounds' figures
     ratios: dict[int, list[float]] = {0: [], 1: []}  # by the plugin's rig: plugin / baseline, step by step

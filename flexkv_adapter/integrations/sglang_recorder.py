@@ -4,9 +4,11 @@ FlexKV's connector makes four or five KVManager calls per request (lookup, load,
 rules (:mod:`.sglang_outcomes`) read what they answered. A pass-through with ``*args, **kwargs`` packs and
 unpacks FlexKV's keywords on every call (about 0.8 us each, most of the bridge's cost per request), so each
 method that the manager declares exactly as FlexKV 34ab141's KVManager does (kvmanager.py:199-373: names,
-kinds and defaults) is recorded through a method with that signature, which passes every argument on by
-position; any other signature (another FlexKV, a stand-in) gets the generic pass-through, which forwards
-exactly what the caller passed. Both record the same log.
+kinds, and defaults of the same value and type; the wrapper a decorator puts there, not what it wraps) is
+recorded through a method with that signature, which passes every argument on by position; any other
+signature (another FlexKV, a stand-in) gets the generic pass-through, which forwards exactly what the caller
+passed. Both record the same log for every call FlexKV's connector makes. Compared once, when the bridge is
+built: a method replaced on the manager afterwards is called as the one compared.
 """
 
 from __future__ import annotations
@@ -72,52 +74,53 @@ class ObservedManager:
         return getattr(self.manager, name)
 
 
-def _signature(fn: Any) -> list[tuple[str, Any, Any]] | None:
+def _parameters(fn: Any) -> list[inspect.Parameter] | None:
+    """The parameters ``fn`` itself declares (not those of what a decorator wraps: the wrapper is what runs)."""
     try:
-        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+        return list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
         return None
 
 
+def _same_default(a: Any, b: Any) -> bool:
+    """The same value of the same type (20 and 20.0, False and 0 differ); a comparison that fails is a difference."""
+    try:
+        return a is b or (type(a) is type(b) and bool(a == b))
+    except Exception:
+        return False
+
+
 def _same_signature(manager: Any, name: str) -> bool:
     """Whether ``manager``'s method ``name`` takes what this class's does, with the same defaults: only then may the
-    recorder pass every argument on by position (a default of its own would replace the manager's)."""
-    ours = _signature(getattr(ObservedManager, name))
-    theirs = _signature(getattr(manager, name, None))
-    return theirs is not None and ours is not None and theirs == ours[1:]
+    recorder pass every argument on by position (a default of its own would replace the manager's). Compared once,
+    when the bridge is built: a method replaced on the manager later is called as the one compared."""
+    ours, theirs = _parameters(getattr(ObservedManager, name)), _parameters(getattr(manager, name, None))
+    if ours is None or theirs is None or len(theirs) != len(ours) - 1:
+        return False
+    return all(t.name == o.name and t.kind == o.kind and _same_default(t.default, o.default)
+               for t, o in zip(theirs, ours[1:], strict=True))  # fmt: skip
 
 
-def _generic_match(self: ObservedManager, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    result = getattr(self.manager, name)(*args, **kwargs)
-    self.log.append((CREATED, result))
-    return result
-
-
-def _generic_launch(self: ObservedManager, *args: Any, **kwargs: Any) -> Any:
+def _generic(self: ObservedManager, name: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The manager's ``name`` called with exactly what the caller passed, recorded as the methods above record."""
     try:
-        result = self.manager.launch(*args, **kwargs)
+        result = getattr(self.manager, name)(*args, **kwargs)
     except BaseException as exc:
-        self.log.append((RAISED, exc))
+        if what != CREATED:  # launch and wait: the error a rule reads
+            self.log.append((RAISED, exc))
         raise
-    self.log.append((LAUNCHED, kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()))
-    return result
-
-
-def _generic_wait(self: ObservedManager, *args: Any, **kwargs: Any) -> Any:
-    try:
-        result = self.manager.wait(*args, **kwargs)
-    except BaseException as exc:
-        self.log.append((RAISED, exc))
-        raise
-    self.log.append((WAITED, result))
+    if what == LAUNCHED:
+        self.log.append((what, kwargs["task_ids"] if "task_ids" in kwargs else args[0] if args else ()))
+    else:
+        self.log.append((what, result))
     return result
 
 
 _GENERIC = {
-    "get_match": lambda self, *args, **kwargs: _generic_match(self, "get_match", args, kwargs),
-    "put_match": lambda self, *args, **kwargs: _generic_match(self, "put_match", args, kwargs),
-    "launch": _generic_launch,
-    "wait": _generic_wait,
+    "get_match": lambda self, *args, **kwargs: _generic(self, "get_match", CREATED, args, kwargs),
+    "put_match": lambda self, *args, **kwargs: _generic(self, "put_match", CREATED, args, kwargs),
+    "launch": lambda self, *args, **kwargs: _generic(self, "launch", LAUNCHED, args, kwargs),
+    "wait": lambda self, *args, **kwargs: _generic(self, "wait", WAITED, args, kwargs),
     "try_wait": lambda self, *args, **kwargs: self.manager.try_wait(*args, **kwargs),
 }
 

@@ -175,3 +175,119 @@ def test_the_observed_manager_passes_every_call_through_unchanged_and_records_wh
     seen = Seen(observed.log)
     assert seen.created == created and seen.launched == launched and seen.manager_error is error
     assert {t: waited(observed.log, t) for t in range(10)} == {t: waits.get(t, "") for t in range(10)}
+
+
+class _Exact:
+    """FlexKV 34ab141's signatures, answering with every argument as it arrived."""
+
+    def get_match(self, token_ids, token_mask=None, cpu_only=False, namespace=None, swa_aware=False):
+        return ("get_match", token_ids, token_mask, cpu_only, namespace, swa_aware)
+
+    def put_match(self, token_ids, token_mask=None, namespace=None):
+        return ("put_match", token_ids, token_mask, namespace)
+
+    def launch(self, task_ids, slot_mappings, swa_slot_mappings=None, as_batch=False, layerwise_transfer=False,
+               counter_id=0):  # fmt: skip
+        return ("launch", task_ids, slot_mappings, swa_slot_mappings, as_batch, layerwise_transfer, counter_id)
+
+    def wait(self, task_ids, timeout=20.0, completely=False):
+        return ("wait", task_ids, timeout, completely)
+
+    def try_wait(self, task_ids):
+        return ("try_wait", task_ids)
+
+
+_ARGUMENTS = {
+    "get_match": {"token_ids": "t", "token_mask": "m", "cpu_only": "c", "namespace": "n", "swa_aware": "s"},
+    "put_match": {"token_ids": "t", "token_mask": "m", "namespace": "n"},
+    "launch": {
+        "task_ids": "i",
+        "slot_mappings": "m",
+        "swa_slot_mappings": "w",
+        "as_batch": "b",
+        "layerwise_transfer": "l",
+        "counter_id": "c",
+    },
+    "wait": {"task_ids": "i", "timeout": "t", "completely": "c"},
+    "try_wait": {"task_ids": "i"},
+}
+
+
+@pytest.mark.parametrize("name", METHODS)
+@given(given_count=st.integers(1, 6), by_keyword=st.booleans())
+def test_every_argument_reaches_the_manager_where_the_caller_put_it(name, given_count, by_keyword):
+    """Each leading run of a method's parameters, by position or by keyword, arrives as the manager itself would
+    take it, on the positional path (FlexKV's signatures) and on the generic one (any other)."""
+    names = list(_ARGUMENTS[name])[: max(given_count, 2 if name == "launch" else 1)]  # what it requires, at least
+    values = [_ARGUMENTS[name][n] for n in names]
+    direct = getattr(_Exact(), name)
+
+    class _Other(_Exact):  # the same methods behind *args/**kwargs: the generic path
+        pass
+
+    setattr(_Other, name, lambda self, *a, _name=name, **k: getattr(_Exact, _name)(self, *a, **k))
+    for manager in (_Exact(), _Other()):
+        observed = ObservedManager(manager)
+        assert (name in observed.generic) == isinstance(manager, _Other)
+        call = getattr(observed, name)
+        got = call(**dict(zip(names, values, strict=True))) if by_keyword else call(*values)
+        assert got == (direct(**dict(zip(names, values, strict=True))) if by_keyword else direct(*values))
+
+
+class _EqualButNot(_Exact):
+    """Defaults equal to FlexKV's under ==, of another type (as a later FlexKV or a stand-in might declare them)."""
+
+    def wait(self, task_ids, timeout=20, completely=0):
+        return ("wait", task_ids, timeout, completely)
+
+    def launch(self, task_ids, slot_mappings, swa_slot_mappings=None, as_batch=0, layerwise_transfer=False,
+               counter_id=False):  # fmt: skip
+        return ("launch", task_ids, slot_mappings, swa_slot_mappings, as_batch, layerwise_transfer, counter_id)
+
+
+def test_defaults_equal_in_value_but_not_in_type_take_the_generic_path():
+    manager = _EqualButNot()
+    observed = ObservedManager(manager)
+    assert observed.generic == ("launch", "wait")
+    got = observed.wait([1])
+    assert got == ("wait", [1], 20, 0) and type(got[2]) is int and type(got[3]) is int
+    got = observed.launch(task_ids=[1], slot_mappings=["s"])
+    assert type(got[4]) is int and type(got[6]) is bool
+
+
+def test_a_default_that_cannot_be_compared_takes_the_generic_path():
+    class _Unequal:
+        def __eq__(self, other):
+            raise RuntimeError("no comparison")
+
+        __hash__ = None
+
+    odd = _Unequal()
+
+    class _Odd(_Exact):
+        def wait(self, task_ids, timeout=odd, completely=False):
+            return ("wait", task_ids, timeout, completely)
+
+    observed = ObservedManager(_Odd())
+    assert observed.generic == ("wait",) and observed.wait([1])[2] is odd
+
+
+def test_a_decorated_method_is_judged_by_the_wrapper_that_runs_not_by_what_it_wraps():
+    import functools
+
+    def keywords_only(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            if args:
+                raise TypeError("call with keywords")
+            return fn(self, **kwargs)
+
+        return wrapper
+
+    class _Decorated(_Exact):
+        launch = keywords_only(_Exact.launch)
+
+    observed = ObservedManager(_Decorated())
+    assert observed.generic == ("launch",)
+    assert observed.launch(task_ids=[1], slot_mappings=["s"])[:3] == ("launch", [1], ["s"])
+    assert Seen(observed.log).launched == [1]
