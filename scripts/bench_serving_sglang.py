@@ -245,7 +245,7 @@ def measure(rs: list[Any], kind: str, n: int, repeats: int, steps: int, control:
 
 
 REAL, STANDIN = "real KVManager", "stand-in"
-# (kind, requests, repeats, steps) per setup. At one request the A/A control reads within about 1.5 us over the
+# (kind, requests, repeats, steps) per setup. At one request the A/A control reads within about 3 us over the
 # stand-in with 400 steps a round (on a 2-core AMD EPYC; with 100-200 the plugin's figure there moved between 14
 # and 21 us across runs, where the goal is 20) and within about 50 us over FlexKV's real KVManager (its IPC with
 # its server process): the plugin's added work, the same code whatever is behind FlexKV's connector, is resolved
