@@ -84,8 +84,7 @@ class DataKVManager:
         ids = [int(t) for t in token_ids]
         return [tuple(ids[: end + self.page]) for end in range(0, len(ids) - self.page + 1, self.page)]
 
-    # FlexKV 34ab141's KVManager signatures (kvmanager.py:199-313), so that the bridge records these calls as it
-    # records FlexKV's own (sglang_recorder: by position where the signature is FlexKV's)
+    # FlexKV 34ab141's KVManager signatures (kvmanager.py:199-313): the bridge's recorder passes them on by position
     def get_match(self, token_ids: np.ndarray, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
                   swa_aware: bool = False) -> tuple[int, Any]:  # fmt: skip
         cached = 0
