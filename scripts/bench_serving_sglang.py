@@ -82,7 +82,7 @@ def _bridge_request(r: Any, ids: list[int], rid: str, direct: bool) -> float:
     import torch
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 
-    from flexkv_adapter.integrations.sglang_bridge import handle_key
+    from flexkv_adapter.integrations.sglang.bridge import handle_key
 
     bridge = r.cache.flexkv_connector
     conn = bridge.connector

@@ -65,7 +65,7 @@ def setup() -> Any:
     spec.loader.exec_module(module)
     from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import FlexKVConnectorV1
 
-    from flexkv_adapter.integrations import vllm as plugin
+    from flexkv_adapter.integrations.vllm import plugin as plugin
 
     plugin.install()
     assert FlexKVConnectorV1.__dict__.get("_flexkv_adapter_installed"), "the plugin did not install"
@@ -101,7 +101,7 @@ def _bookkeeping_only() -> None:
 
 def lifecycle_off(conn: Any) -> None:
     """Baseline: vLLM's/FlexKV's own methods on this instance, as if the lifecycle wrappers were not installed."""
-    from flexkv_adapter.integrations.vllm_lifecycle import applicable
+    from flexkv_adapter.integrations.vllm.lifecycle import applicable
 
     cls = type(conn)
     for name in (*applicable(cls), "get_kv_connector_stats"):

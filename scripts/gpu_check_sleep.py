@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from flexkv_adapter.integrations.vllm import _plan
+from flexkv_adapter.integrations.vllm.plugin import _plan
 
 LAYERS, BLOCKS, TOKENS, HEADS, HEAD = 4, 64, 16, 8, 128
 FACTS = {"kind": "mha", "heads": HEADS, "content": 2 * HEAD, "block_size": TOKENS}

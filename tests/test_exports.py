@@ -9,7 +9,7 @@ import sys
 def test_adapt_is_the_function_after_the_flexkv_subpackage_is_imported():
     # A submodule named like an export would shadow it once imported (the package attribute wins).
     code = (
-        "import flexkv_adapter.flexkv, flexkv_adapter.integrations.sglang\n"
+        "import flexkv_adapter.flexkv, flexkv_adapter.integrations.sglang.plugin\n"
         "import flexkv_adapter as fa\n"
         "from flexkv_adapter import adapt\n"
         "assert callable(adapt) and adapt.__module__.startswith('flexkv_adapter'), adapt\n"

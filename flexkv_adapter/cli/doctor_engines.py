@@ -2,7 +2,7 @@
 
 Read from package metadata and the environment only: importing an engine takes seconds and may
 fail on a machine that only runs the remote. The vLLM range is the plugin's own (``PROVEN`` in
-:mod:`.integrations.vllm_lifecycle`), so doctor and the plugin cannot disagree.
+:mod:`.integrations.vllm.lifecycle`), so doctor and the plugin cannot disagree.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Literal
 
-from ..integrations.sglang import OPT_IN_ENV, PLUGIN_NAME, opted_in
-from ..integrations.vllm_lifecycle import PROVEN_TEXT, version_problem
+from ..integrations.sglang.plugin import OPT_IN_ENV, PLUGIN_NAME, opted_in
+from ..integrations.vllm.lifecycle import PROVEN_TEXT, version_problem
 
 Row = tuple[str, Literal["ok", "warn", "error"], str]
 SGLANG_PROVEN = (0, 5, 23)  # the release the SGLang plugin was proven on (tests/sglang, tests/e2e)

@@ -14,7 +14,7 @@ import pytest
 from flexkv_adapter.cli import doctor
 from flexkv_adapter.config import lookup
 from flexkv_adapter.config.settings import load_settings
-from flexkv_adapter.integrations import external_remote
+from flexkv_adapter.integrations.sglang import external_remote
 from flexkv_adapter.remote import lock, preflight, spawns
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.health import HealthServer

@@ -21,12 +21,12 @@ import pytest
 from flexkv_adapter import load_settings
 from flexkv_adapter.config import pids
 from flexkv_adapter.errors import SettingsError
-from flexkv_adapter.integrations.external_remote import ExternalRemoteError, wait_for_start_remote
+from flexkv_adapter.integrations.sglang.external_remote import ExternalRemoteError, wait_for_start_remote
 from flexkv_adapter.remote import spawns, states, teardown
 from flexkv_adapter.remote.exit_codes import ExitCode, RemoteExit
 from flexkv_adapter.remote.lock import InstanceLock
 
-from ..integrations.test_external_remote_probe_bounds import _http, serving
+from ..integrations.sglang.test_external_remote_probe_bounds import _http, serving
 from .harness import ROOT, SCRIPT, clean_env, free_ports, holding
 from .test_dryrun import run
 from .test_spawns import Spawned

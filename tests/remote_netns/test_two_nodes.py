@@ -135,7 +135,7 @@ def test_master_killed_is_exit_13_at_once_and_a_restarted_master_gets_a_new_remo
 
 
 def _engine_wait(deployment: Deployment, node, health_port: int, absent_s: float):
-    """The engine side of ``remote: external`` (integrations/external_remote.py) run on ``node``."""
+    """The engine side of ``remote: external`` (integrations/sglang/external_remote.py) run on ``node``."""
     import subprocess
 
     from ..remote.harness import ROOT, clean_env
@@ -143,7 +143,7 @@ def _engine_wait(deployment: Deployment, node, health_port: int, absent_s: float
     code = (
         "import sys\n"
         "from flexkv_adapter import load_settings\n"
-        "from flexkv_adapter.integrations.external_remote import wait_for_start_remote, ExternalRemoteError\n"
+        "from flexkv_adapter.integrations.sglang.external_remote import wait_for_start_remote, ExternalRemoteError\n"
         f"s = load_settings(health_port={health_port}, remote_wait_s=30, remote_absent_s={absent_s})\n"
         "try:\n"
         f"    h = wait_for_start_remote(s, {deployment.nodes.a.address!r}, {tuple(map(str, deployment.ports))!r})\n"

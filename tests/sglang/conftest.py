@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
+from flexkv_adapter.integrations.sglang.plugin import IN_TREE_MODULE
 
 from . import flexkv_prefetch as prefetch
 from . import flexkv_serving as serving

@@ -6,7 +6,7 @@ import importlib
 
 import torch
 
-from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
+from flexkv_adapter.integrations.sglang.plugin import IN_TREE_MODULE
 
 from ..helpers import flexkv_worker_read, region_bytes
 from . import flexkv_standin as fk

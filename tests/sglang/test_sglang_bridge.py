@@ -12,8 +12,8 @@ import logging
 import pytest
 
 from flexkv_adapter import AdapterError
-from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
-from flexkv_adapter.integrations.sglang_bridge import BridgeConnector, handle_key
+from flexkv_adapter.integrations.sglang.bridge import BridgeConnector, handle_key
+from flexkv_adapter.integrations.sglang.plugin import IN_TREE_MODULE
 
 from . import flexkv_serving as serving
 from . import flexkv_standin as fk
@@ -232,7 +232,7 @@ def test_with_the_opt_in_the_radix_cache_builds_the_bridge(sglang_env):
 
 
 def test_remote_external_holds_through_the_bridge(sglang_env, models, start_remote_standin):  # noqa: F811
-    from flexkv_adapter.integrations.external_remote import ExternalRemote
+    from flexkv_adapter.integrations.sglang.external_remote import ExternalRemote
 
     from .connectors import build
     from .pools import mha_pool

@@ -57,7 +57,7 @@ def test_slots_of_a_load_past_the_deadline_are_not_reused_until_the_copy_ends(fa
 
 
 def test_negative_control_without_the_quarantine_the_late_copy_overwrites_another_request(faulty, models, monkeypatch):
-    from flexkv_adapter.integrations.sglang_outcomes import Quarantine
+    from flexkv_adapter.integrations.sglang.outcomes import Quarantine
 
     monkeypatch.setattr(Quarantine, "withholding", lambda self, allocator: contextlib.nullcontext())
     rig = Rig(monkeypatch, models["llama"], "mha")

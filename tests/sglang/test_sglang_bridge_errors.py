@@ -49,8 +49,8 @@ def test_a_load_whose_launch_raises_is_a_miss_that_frees_its_slots_and_cancels_t
 def test_negative_control_a_load_launch_error_passed_through_reaches_sglang_and_leaks_its_slots(
     faulty, models, monkeypatch
 ):
-    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
-    from flexkv_adapter.integrations.sglang_resolve import handle_key
+    from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang.resolve import handle_key
 
     def passed_through(self, handle, slot_mapping):  # FlexKV's retrieve_kv as SGLang's own connector calls it
         return self.connector.retrieve_kv(handle_key(handle), slot_mapping)
@@ -86,7 +86,7 @@ def test_a_store_whose_launch_raises_unlocks_and_cancels_its_put_task(faulty, mo
 
 
 def test_negative_control_an_uncancelled_put_task_shadows_the_prefix_forever(faulty, models, monkeypatch):
-    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
 
     monkeypatch.setattr(BridgeConnector, "_cancel", lambda self, task_ids: None)
     rig = Rig(monkeypatch, models["llama"], "mha")
@@ -127,7 +127,7 @@ def test_a_raising_store_poll_reports_the_stores_it_took_and_logs_once(faulty, m
 
 
 def test_negative_control_stores_a_raising_poll_took_stay_locked(faulty, models, monkeypatch, caplog):
-    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
 
     monkeypatch.setattr(BridgeConnector, "_poll_failed", lambda self, error: [])
     rig = Rig(monkeypatch, models["llama"], "mha")

@@ -82,7 +82,7 @@ def test_negative_control_without_the_bypass_a_failed_reset_serves_the_old_kv(fa
 
 
 def test_negative_control_without_the_wait_flexkv_is_reset_under_a_running_copy(faulty, models, monkeypatch):
-    from flexkv_adapter.integrations import sglang_flush
+    from flexkv_adapter.integrations.sglang import flush as sglang_flush
 
     monkeypatch.setattr(sglang_flush, "_drain", lambda bridge, wait_s: True)
     rig = Rig(monkeypatch, models["llama"], "mha")
@@ -101,7 +101,7 @@ def _import_scheduler(monkeypatch):
     import logging
     import sys
 
-    from flexkv_adapter.integrations.sglang_flush import SCHEDULER_MODULE
+    from flexkv_adapter.integrations.sglang.flush import SCHEDULER_MODULE
 
     monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
     had = SCHEDULER_MODULE in sys.modules
@@ -141,7 +141,7 @@ def _idle(rig: Rig, cleared: list[str]):
 def test_sglangs_real_flush_cache_fails_before_sglang_resets_when_flexkv_cannot_be_emptied(
     real_scheduler, faulty, models, monkeypatch
 ):
-    from flexkv_adapter.integrations.sglang_flush import FlushError
+    from flexkv_adapter.integrations.sglang.flush import FlushError
 
     rig = Rig(monkeypatch, models["llama"], "mha")
     stored(rig, "r1", IDS, seed=7)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from flexkv_adapter.flexkv.reset import CONSTRUCTOR_KEYWORDS
-from flexkv_adapter.integrations import sglang_flush
+from flexkv_adapter.integrations.sglang import flush as sglang_flush
 
 from .radix_harness import Rig, read, zero
 from .real_flexkv import needs_flexkv

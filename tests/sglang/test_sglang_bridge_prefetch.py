@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from flexkv_adapter.integrations import sglang_bridge
+from flexkv_adapter.integrations.sglang import bridge as sglang_bridge
 
 from . import flexkv_standin as fk
 from .flexkv_prefetch import TieredKVManager

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
 
 from .radix_harness import Rig, read
 from .real_flexkv import SOURCE, needs_flexkv, prepare, replace_gpu_parts

@@ -45,7 +45,7 @@ def test_two_stores_under_one_rid_each_unlock_their_own_node(faulty, models, mon
 
 
 def test_negative_control_one_key_per_rid_leaks_the_first_lock(faulty, models, monkeypatch):
-    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+    from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
     monkeypatch.setattr(StoreKeys, "key", lambda self, base: base)
     rig = Rig(monkeypatch, models["llama"], "mha")

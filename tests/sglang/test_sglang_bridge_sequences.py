@@ -99,13 +99,13 @@ def test_sequences_through_flexkv_real_connector(models, monkeypatch):
 def test_negative_control_keys_parsed_from_the_left_lose_completions(sglang_env, models, monkeypatch):
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 
-    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
 
     def first_split(self, key):  # broken on purpose: "r0@attempt9@attempt0" -> rid "r0"
         rid, _, rest = key.partition("@attempt")
         return CacheRequestHandle(rid=rid, attempt_id=int(rest.rpartition("@attempt")[2]))
 
-    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+    from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
     monkeypatch.setattr(BridgeConnector, "_handle", first_split)
     monkeypatch.setattr(StoreKeys, "completed", lambda self, key: None)  # every completion parsed from its key

@@ -59,7 +59,7 @@ def test_negative_control_with_flexkv_real_connector(tmp_path):
 
 
 def test_negative_control_one_key_per_rid_leaks_the_first_lock_on_every_rank(tmp_path, monkeypatch):
-    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+    from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
     monkeypatch.setattr(StoreKeys, "key", lambda self, base: base)  # the ranks fork with it
     for status, value in run_ranks(tmp_path).values():

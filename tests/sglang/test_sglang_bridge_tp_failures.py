@@ -63,7 +63,7 @@ def test_a_store_whose_launch_raises_on_the_leader_unlocks_every_rank_and_stores
 
 
 def test_negative_control_an_uncancelled_put_task_shadows_the_prefix_on_every_rank(tmp_path, monkeypatch):
-    from flexkv_adapter.integrations.sglang_bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
 
     monkeypatch.setattr(BridgeConnector, "_cancel", lambda self, task_ids: None)  # the ranks fork with it
     for rank, out in run_ranks(tmp_path, "store raise").items():

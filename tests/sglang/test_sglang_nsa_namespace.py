@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from flexkv_adapter import InconsistentLayersError
-from flexkv_adapter.integrations.sglang_checks import _flexkv_fp8, _head_size
+from flexkv_adapter.integrations.sglang.checks import _flexkv_fp8, _head_size
 
 from . import flexkv_standin as fk
 from .connectors import assert_registered_as_pool, build

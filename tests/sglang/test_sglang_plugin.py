@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError, InconsistentLayersError, SettingsError
-from flexkv_adapter.integrations.sglang import IN_TREE_CONNECTOR, IN_TREE_MODULE, module_exists
-from flexkv_adapter.integrations.sglang_namespaces import RADIX_CLASS
+from flexkv_adapter.integrations.sglang.namespaces import RADIX_CLASS
+from flexkv_adapter.integrations.sglang.plugin import IN_TREE_CONNECTOR, IN_TREE_MODULE, module_exists
 from flexkv_adapter.model.hybrid import HybridPoolError
 
 from . import flexkv_standin as fk

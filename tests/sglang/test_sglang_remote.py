@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flexkv_adapter.integrations.external_remote import ExternalRemote, ExternalRemoteError
-from flexkv_adapter.integrations.sglang import IN_TREE_MODULE
+from flexkv_adapter.integrations.sglang.external_remote import ExternalRemote, ExternalRemoteError
+from flexkv_adapter.integrations.sglang.plugin import IN_TREE_MODULE
 
 from . import flexkv_standin as fk
 from .connectors import OWN_MODULE, build

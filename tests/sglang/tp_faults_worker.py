@@ -36,7 +36,7 @@ def _setup(rank: int, config_dir: str, registrations: Any, source: str, control:
     replace_gpu_parts(monkeypatch)
     use_faulty_manager(monkeypatch)
     if control:  # broken on purpose: every rank keeps its own answer
-        from flexkv_adapter.integrations.sglang_outcomes import Agreement
+        from flexkv_adapter.integrations.sglang.outcomes import Agreement
 
         monkeypatch.setattr(Agreement, "min", lambda self, values: list(values))
     group = dist.new_group([0, 1], backend="gloo")

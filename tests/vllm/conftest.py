@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from flexkv_adapter.integrations.vllm_lifecycle import PATCHES as LIFECYCLE_PATCHES
-from flexkv_adapter.integrations.vllm_lifecycle import SLEEP_HOOKS
+from flexkv_adapter.integrations.vllm.lifecycle import PATCHES as LIFECYCLE_PATCHES
+from flexkv_adapter.integrations.vllm.lifecycle import SLEEP_HOOKS
 from tests.flexkv_source import find
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexkv_adapter.integrations.vllm_lifecycle import applicable
+from flexkv_adapter.integrations.vllm.lifecycle import applicable
 
 from .engine import BLOCK, Engine, flexkv_empty
 

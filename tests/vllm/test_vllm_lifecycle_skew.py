@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexkv_adapter.integrations import vllm_lifecycle
+from flexkv_adapter.integrations.vllm import lifecycle as vllm_lifecycle
 
 from .engine import Engine
 from .test_vllm_lifecycle_loads import A, B, control
@@ -27,7 +27,7 @@ def asks_flexkv_directly(connector_cls, monkeypatch) -> None:
 
 def test_a_vllm_that_overrides_the_workers_report_path_is_refused(connector_cls, tmp_path, monkeypatch):
     from flexkv_adapter import AdapterError
-    from flexkv_adapter.integrations.vllm import install
+    from flexkv_adapter.integrations.vllm.plugin import install
 
     asks_flexkv_directly(connector_cls, monkeypatch)
     install()
@@ -38,7 +38,7 @@ def test_a_vllm_that_overrides_the_workers_report_path_is_refused(connector_cls,
 def test_negative_control_unchecked_a_failed_load_leaks_the_requests_blocks(
     connector_cls, tmp_path, monkeypatch, control
 ):
-    from flexkv_adapter.integrations.vllm import install
+    from flexkv_adapter.integrations.vllm.plugin import install
 
     asks_flexkv_directly(connector_cls, monkeypatch)
     monkeypatch.setattr(vllm_lifecycle, "BASE_PATH", ())

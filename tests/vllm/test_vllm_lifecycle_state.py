@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from flexkv_adapter.flexkv.reset import repair_task_table
-from flexkv_adapter.integrations import vllm_lifecycle
+from flexkv_adapter.integrations.vllm import lifecycle as vllm_lifecycle
 
 from .engine import Engine, flexkv_empty
 from .test_vllm_lifecycle_loads import A, B, control, new_schedules, stored_a_then_forgot, unwrap
@@ -228,7 +228,7 @@ def test_a_flexkv_that_differs_is_refused_at_construction(plugged, tmp_path, mon
 
 def test_a_vllm_that_differs_is_refused_at_construction(connector_cls, tmp_path, monkeypatch):
     from flexkv_adapter import AdapterError
-    from flexkv_adapter.integrations.vllm import install
+    from flexkv_adapter.integrations.vllm.plugin import install
 
     monkeypatch.setattr(connector_cls, "update_connector_output", lambda self, output, extra: None)
     install()
@@ -240,7 +240,7 @@ def test_the_metadata_reaches_worker_processes_intact():
     """Multiprocess executors pickle the scheduler output, metadata included, for every worker."""
     import pickle
 
-    from flexkv_adapter.integrations.vllm_ledger import FlexKVAdapterMetadata
+    from flexkv_adapter.integrations.vllm.ledger import FlexKVAdapterMetadata
 
     meta = FlexKVAdapterMetadata(recving=frozenset({"B"}), load_errors=frozenset({4, 5, 6}))
     assert pickle.loads(pickle.dumps(meta)) == meta

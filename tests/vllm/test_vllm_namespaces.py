@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flexkv_adapter.integrations import vllm_lifecycle
+from flexkv_adapter.integrations.vllm import lifecycle as vllm_lifecycle
 
 from .engine import Engine
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flexkv_adapter.integrations import vllm_stats
+from flexkv_adapter.integrations.vllm import stats as vllm_stats
 
 from .engine import Engine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexkv_adapter.integrations import vllm_lifecycle
+from flexkv_adapter.integrations.vllm import lifecycle as vllm_lifecycle
 
 from .engine import Engine
 
@@ -41,7 +41,7 @@ def test_a_vllm_outside_the_proven_range_is_refused_naming_the_range(connector_c
     import vllm
 
     from flexkv_adapter import AdapterError
-    from flexkv_adapter.integrations.vllm import install
+    from flexkv_adapter.integrations.vllm.plugin import install
 
     monkeypatch.setattr(vllm, "__version__", version)
     install()

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AdapterError
+from ...errors import AdapterError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flexkv_adapter import AdapterError, NotAddressableError
-from flexkv_adapter.integrations.vllm import install, spec_facts
+from flexkv_adapter.integrations.vllm.plugin import install, spec_facts
 
 
 def test_install_without_vllm_is_a_silent_no_op(monkeypatch, caplog):
@@ -22,7 +22,7 @@ def test_install_without_vllm_is_a_silent_no_op(monkeypatch, caplog):
 
 
 def test_the_entry_point_is_in_vllms_general_plugin_group():
-    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    text = (Path(__file__).parents[3] / "pyproject.toml").read_text()
     section = text.split('[project.entry-points."vllm.general_plugins"]\n', 1)[1].split("\n[", 1)[0]
     assert section.strip() == 'flexkv_adapter = "flexkv_adapter.integrations.vllm:install"'
 

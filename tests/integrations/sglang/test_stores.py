@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexkv_adapter.integrations.sglang_bridge import handle_key
-from flexkv_adapter.integrations.sglang_stores import StoreKeys
+from flexkv_adapter.integrations.sglang.bridge import handle_key
+from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
 
 @dataclass(frozen=True)

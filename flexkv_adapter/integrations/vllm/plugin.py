@@ -13,9 +13,9 @@ imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexK
   registers that plan with FlexKV's TP client; a refusal fails start-up with the adapter's message;
 - ``get_required_kvcache_layout`` states LBNHC (used when ``VLLM_KV_CACHE_LAYOUT`` is unset and the
   attention backend supports it);
-- the request-lifecycle wrappers of :mod:`.vllm_lifecycle` (failed loads, reset, sleep/wake,
+- the request-lifecycle wrappers of :mod:`.lifecycle` (failed loads, reset, sleep/wake,
   ``FLEXKV_SYNC_GET``, multimodal, LoRA and cache_salt requests), each listed there with the lines it answers;
-- ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.vllm_stats`).
+- ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.stats`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from typing import Any
 
 import torch
 
-from ..errors import AdapterError, NotAddressableError
-from ..model.layout import ViewKind
-from . import vllm_lifecycle, vllm_stats
+import flexkv_adapter.integrations.vllm.lifecycle as vllm_lifecycle
+import flexkv_adapter.integrations.vllm.stats as vllm_stats
+
+from ...errors import AdapterError, NotAddressableError
+from ...model.layout import ViewKind
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +108,7 @@ def _patch_connector(cls: Any) -> None:
         flexkv_block = getattr(getattr(flexkv_config, "cache_config", None), "tokens_per_block", None)
         flexkv_dtype = getattr(getattr(flexkv_config, "model_config", None), "dtype", None)
         if isinstance(flexkv_dtype, torch.dtype):  # FlexKV strides GPU blocks in its model dtype's units
-            from ..flexkv.model import check_model_dtype
+            from ...flexkv.model import check_model_dtype
 
             check_model_dtype(flexkv_dtype, p.dtype, "flexkv_adapter: vLLM's KV cache (match --kv-cache-dtype)")
         if flexkv_block is not None and flexkv_block != p.tokens_per_block:
@@ -185,7 +187,7 @@ def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
     spec = groups[0].kv_cache_spec
     per_layer = getattr(spec, "kv_cache_specs", None)
     if isinstance(per_layer, Mapping) and per_layer:  # one spec per layer: take an attention layer's
-        from ..flexkv.vllm_indexer import FLEXKV_INDEXER_MARK
+        from ...flexkv.vllm_indexer import FLEXKV_INDEXER_MARK
 
         spec = next((v for n, v in per_layer.items() if FLEXKV_INDEXER_MARK not in str(n)), spec)
     padding = {n: getattr(spec, n, None) for n in ("page_size_padded", "state_content_bytes", "num_head_slots")}
@@ -218,8 +220,8 @@ def _plan(
     kv_caches: Mapping[str, torch.Tensor], facts: dict[str, Any], tp_size: int
 ) -> tuple[Any, dict[str, torch.Tensor]]:
     """The adapter's plan of the main KV caches, and the indexer entries as FlexKV's own split must get them."""
-    from ..flexkv.vllm_indexer import check_indexer, indexer_entries
-    from ..flexkv.vllm_plan import plan_vllm
+    from ...flexkv.vllm_indexer import check_indexer, indexer_entries
+    from ...flexkv.vllm_plan import plan_vllm
 
     # the main KV passes the gate in plan_form; the indexer entries never reach the adapter's registration:
     # FlexKV's own register_to_server (vllm_v1_adapter.py) splits them off the dict by name and registers them,

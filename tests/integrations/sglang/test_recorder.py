@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexkv_adapter.integrations.sglang_outcomes import Seen, waited
-from flexkv_adapter.integrations.sglang_recorder import ObservedManager
+from flexkv_adapter.integrations.sglang.outcomes import Seen, waited
+from flexkv_adapter.integrations.sglang.recorder import ObservedManager
 
 METHODS = ("get_match", "put_match", "launch", "wait", "try_wait")
 

@@ -12,12 +12,16 @@ import pytest
 
 from flexkv_adapter import load_settings
 from flexkv_adapter.config import lookup
-from flexkv_adapter.integrations import external_remote
-from flexkv_adapter.integrations.external_remote import ExternalRemote, ExternalRemoteError, wait_for_start_remote
+from flexkv_adapter.integrations.sglang import external_remote
+from flexkv_adapter.integrations.sglang.external_remote import (
+    ExternalRemote,
+    ExternalRemoteError,
+    wait_for_start_remote,
+)
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
-from ..bounded_call import outcome_within
+from ...bounded_call import outcome_within
 
 PORTS = ("5556", "5557", "5558")
 _names = itertools.count()

@@ -6,21 +6,21 @@ installed:
 
 * a BEFORE hook on ``__init__`` of SGLang's in-tree ``FlexKVConnector`` and of FlexKV's own: the
   ``kvcache`` argument is replaced by ``adapt(kvcache, page_size=..., kind=<from the model>)``
-  after the checks in :mod:`.sglang_checks` (and, for FlexKV's own, :mod:`.sglang_refusals`); a
+  after the checks in :mod:`.checks` (and, for FlexKV's own, :mod:`.refusals`); a
   refusal raises at engine start, prefixed with what the plugin was doing;
 * when both connectors exist and SGLang has ``FlexKVRadixCache``: a class REPLACE of the in-tree
   ``FlexKVConnector`` (the name ``flexkv_radix_cache.py:45`` imports and ``:99`` builds) by
-  :class:`.sglang_bridge.BridgeConnector`, which serves with FlexKV's own connector, translating
+  :class:`.bridge.BridgeConnector`, which serves with FlexKV's own connector, translating
   ``handle=`` (``:204``, ``:250``, ``:425``, positional elsewhere) and ``check_completed_stores``
   (``:468``); the in-tree ``__init__`` hook is then not registered;
 * AROUND hooks on ``FlexKVRadixCache.match_prefix`` (``:156``) and ``.checkpoint`` (``:382``):
-  requests with a LoRA or cache_salt bypass FlexKV (:mod:`.sglang_namespaces`);
+  requests with a LoRA or cache_salt bypass FlexKV (:mod:`.namespaces`);
 * an AROUND hook on ``FlexKVRadixCache.release_aborted_request`` (``:481``): an aborted request's
-  store that FlexKV still copies keeps its radix lock until it completes (:mod:`.sglang_aborts`);
+  store that FlexKV still copies keeps its radix lock until it completes (:mod:`.aborts`);
 * an AFTER hook on ``FlexKVRadixCache.__init__`` (the bridge learns its radix cache) and AROUND hooks on
   ``.init_load_back`` (slots FlexKV may still write stay quarantined) and ``.reset`` (FlexKV is emptied
   first, or the flush fails), and in the scheduler process an AROUND hook on ``Scheduler.flush_cache``
-  that reports such a failure as False (:mod:`.sglang_flush`);
+  that reports such a failure as False (:mod:`.flush`);
 * with ``remote: external``, a replacement of ``TransferManagerOnRemote.create_process`` that waits
   for ``scripts/start_remote.py`` instead of spawning a second remote (:mod:`.external_remote`).
 
@@ -39,14 +39,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..config.settings import AdapterSettings, load_settings
-from ..errors import AdapterError, SettingsError
-from ..model.hybrid import HybridPoolError
-from ..model.views import PoolView
-from .external_remote import ExternalRemote, wait_for_start_remote
-from .sglang_aborts import register_abort_hook
-from .sglang_bridge import PREFIX, BridgeConnector
-from .sglang_checks import (
+from ...config.settings import AdapterSettings, load_settings
+from ...errors import AdapterError, SettingsError
+from ...model.hybrid import HybridPoolError
+from ...model.views import PoolView
+from .aborts import register_abort_hook
+from .bridge import PREFIX, BridgeConnector
+from .checks import (
     check_pool_kind,
     check_view,
     connector_facts,
@@ -54,9 +53,10 @@ from .sglang_checks import (
     installed_flexkv_api,
     skew_error,
 )
-from .sglang_flush import SCHEDULER_MODULE, register_radix_hooks
-from .sglang_namespaces import register_namespace_hooks
-from .sglang_refusals import own_connector_refusal
+from .external_remote import ExternalRemote, wait_for_start_remote
+from .flush import SCHEDULER_MODULE, register_radix_hooks
+from .namespaces import register_namespace_hooks
+from .refusals import own_connector_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
 
 
 def adapt_pool(pool: object, page_size: int, kind: str) -> PoolView:
-    from ..pipeline.adapting import adapt
+    from ...pipeline.adapting import adapt
 
     return adapt(pool, page_size=page_size, kind=kind, hybrid="error")  # type: ignore[arg-type]
 

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError
-from flexkv_adapter.integrations.sglang_bridge import BridgeConnector, check_connector, handle_key
-from flexkv_adapter.integrations.sglang_namespaces import namespaced
-from flexkv_adapter.integrations.sglang_refusals import (
+from flexkv_adapter.integrations.sglang.bridge import BridgeConnector, check_connector, handle_key
+from flexkv_adapter.integrations.sglang.namespaces import namespaced
+from flexkv_adapter.integrations.sglang.refusals import (
     bridge_topology_refusal,
     hicache_storage_refusal,
     own_connector_refusal,
@@ -34,8 +34,8 @@ def test_keys_are_deterministic_and_injective(rid_a, att_a, rid_b, att_b):
 
 @given(st.text(), st.integers(0, 2**31))
 def test_completed_keys_map_back_to_equal_handles(rid, attempt):
-    from flexkv_adapter.integrations.sglang_outcomes import Agreement, Quarantine
-    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+    from flexkv_adapter.integrations.sglang.outcomes import Agreement, Quarantine
+    from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
     bridge = BridgeConnector.__new__(BridgeConnector)
     bridge._handle_type, bridge.observed, bridge.leader, bridge._log = Handle, None, True, []
@@ -181,7 +181,7 @@ def test_a_load_counts_only_when_its_own_wait_said_success_and_every_slot_came_b
     ended) and frees the rest, whatever count the connector claims."""
     import torch
 
-    from flexkv_adapter.integrations.sglang_outcomes import Agreement, ObservedManager, Quarantine
+    from flexkv_adapter.integrations.sglang.outcomes import Agreement, ObservedManager, Quarantine
 
     manager = _Manager(status)
     bridge = BridgeConnector.__new__(BridgeConnector)
@@ -218,8 +218,8 @@ class _Matcher(_Manager):
 def test_a_failed_lookup_cancels_only_the_tasks_its_own_call_created(earlier, poll_between):
     """Earlier lookups' held matches (other requests' loads to come) survive a later lookup's failure: the record
     a failure reads starts afresh with each call, and a store poll between calls does not change that."""
-    from flexkv_adapter.integrations.sglang_outcomes import Agreement, ObservedManager, Quarantine
-    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+    from flexkv_adapter.integrations.sglang.outcomes import Agreement, ObservedManager, Quarantine
+    from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
     manager = _Matcher()
     bridge = BridgeConnector.__new__(BridgeConnector)
@@ -251,8 +251,8 @@ def test_a_failed_lookup_cancels_only_the_tasks_its_own_call_created(earlier, po
 def test_the_store_poll_empties_the_record_that_calls_outside_a_lookup_load_or_store_fill(drains):
     """FlexKV's drain_launched_loads (every scheduler tick, through the bridge's __getattr__) waits through the
     recorder; nothing reads those entries, and the store poll SGLang makes every tick drops them."""
-    from flexkv_adapter.integrations.sglang_outcomes import Agreement, ObservedManager, Quarantine
-    from flexkv_adapter.integrations.sglang_stores import StoreKeys
+    from flexkv_adapter.integrations.sglang.outcomes import Agreement, ObservedManager, Quarantine
+    from flexkv_adapter.integrations.sglang.stores import StoreKeys
 
     manager = _Manager("success")
     bridge = BridgeConnector.__new__(BridgeConnector)

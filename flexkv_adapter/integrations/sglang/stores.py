@@ -23,7 +23,7 @@ class StoreKeys:
     """FlexKV key -> the SGLang handle its completion reports, for every store in flight; per handle, the key of
     its latest store, the one whose node SGLang's entry under the handle itself locks.
 
-    The tables are keyed by strings (a handle's own key, injective, :func:`.sglang_resolve.handle_key`): a
+    The tables are keyed by strings (a handle's own key, injective, :func:`.resolve.handle_key`): a
     string's hash is cached, while SGLang's frozen-dataclass handle hashes in Python on every lookup. A store of
     a handle with no other store in flight (nearly all) costs two dict entries and no list.
     """

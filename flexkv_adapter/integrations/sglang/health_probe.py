@@ -15,7 +15,7 @@ import re
 import socket
 import time
 
-from ..config import lookup
+from ...config import lookup
 
 MAX_HEAD = 16 * 1024  # start_remote sends four header lines
 MAX_BODY = 64 * 1024  # and a small JSON body

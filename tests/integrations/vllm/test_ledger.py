@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexkv_adapter.integrations.vllm_ledger import Ledger
-from flexkv_adapter.integrations.vllm_lifecycle import _poll
+from flexkv_adapter.integrations.vllm.ledger import Ledger
+from flexkv_adapter.integrations.vllm.lifecycle import _poll
 
 
 class _Task:

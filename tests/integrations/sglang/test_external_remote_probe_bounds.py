@@ -18,7 +18,7 @@ import time
 import pytest
 
 from flexkv_adapter import load_settings
-from flexkv_adapter.integrations.external_remote import (
+from flexkv_adapter.integrations.sglang.external_remote import (
     ExternalRemoteError,
     probe_health,
     probe_ready_file,
@@ -192,7 +192,7 @@ def test_a_duration_its_consumer_cannot_take_is_refused_at_load(key, value):
 
 
 def test_a_real_start_remote_killed_after_answering_is_reported_gone(tmp_path):
-    from ..remote.harness import Remote
+    from ...remote.harness import Remote
 
     remote = Remote(tmp_path)  # no master: it answers waiting_for_master until connect_timeout
     remote.wait_state("waiting_for_master")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-from ..errors import AdapterError
+from ...errors import AdapterError
 
 # What the hook reads; FlexKVRadixCache.__init__ must set both (the bridge refuses to serve otherwise).
 STORE_LOCKS = ("_inflight_store_nodes", "_node_lock")

@@ -13,25 +13,27 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.settings import load_settings
-from ..errors import AdapterError
-from .sglang_aborts import STORE_LOCKS
-from .sglang_checks import installed_flexkv_api, skew_error
+from ...config.settings import load_settings
+from ...errors import AdapterError
+from .aborts import STORE_LOCKS, register_abort_hook
+from .checks import installed_flexkv_api, skew_error
+from .flush import PREFIX, register_radix_hooks
+from .namespaces import register_namespace_hooks
 
-PREFIX = "flexkv_adapter (SGLang plugin)"  # every message of the SGLang plugin starts with it
 FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
 FLEXKV_COMM_MODULE = "flexkv.integration.sglang.comm"
 LAYERWISE_ENV = "FLEXKV_ENABLE_LAYERWISE_TRANSFER"
 HANDLE_MODULE = "sglang.srt.mem_cache.base_prefix_cache"
 RADIX_MODULE = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache"
 # The plugin's hooks on FlexKVRadixCache: (module of the hook, methods, what goes wrong without them,
-# whether ``sglang_namespaced_requests: shared`` turns them off).
+# whether ``sglang_namespaced_requests: shared`` turns them off). Each module is read off the function that
+# registers its hooks, so a move or rename cannot leave a stale path behind.
 RADIX_HOOKS = (
-    ("flexkv_adapter.integrations.sglang_namespaces", ("match_prefix", "checkpoint"), "LoRA / cache_salt requests "
+    (register_namespace_hooks.__module__, ("match_prefix", "checkpoint"), "LoRA / cache_salt requests "
      "would share KV across namespaces", True),
-    ("flexkv_adapter.integrations.sglang_aborts", ("release_aborted_request",), "an aborted request's slots could "
+    (register_abort_hook.__module__, ("release_aborted_request",), "an aborted request's slots could "
      "be reused while FlexKV still stores them", False),
-    ("flexkv_adapter.integrations.sglang_flush", ("__init__", "init_load_back", "reset"), "slots FlexKV may still "
+    (register_radix_hooks.__module__, ("__init__", "init_load_back", "reset"), "slots FlexKV may still "
      "write could be reused, a reused rid could keep a lock forever, a flush could leave stale KV in FlexKV", False),
 )  # fmt: skip
 LOCKLESS = "the abort hook could keep no in-flight store's lock"

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexkv_adapter import load_settings
-from flexkv_adapter.integrations.external_remote import (
+from flexkv_adapter.integrations.sglang.external_remote import (
     ExternalRemote,
     ExternalRemoteError,
     _parse,
@@ -26,7 +26,7 @@ from flexkv_adapter.integrations.external_remote import (
 from flexkv_adapter.remote.health import HealthServer
 from flexkv_adapter.remote.states import State, StateTracker
 
-from ..bounded_call import in_thread
+from ...bounded_call import in_thread
 
 PORTS = ("5556", "5557", "5558")
 
@@ -96,7 +96,7 @@ def test_a_start_remote_serving_another_master_is_refused(health, host, ports, r
 
 
 def test_master_names_are_compared_by_address():
-    from flexkv_adapter.integrations.external_remote import _same_host
+    from flexkv_adapter.integrations.sglang.external_remote import _same_host
 
     assert _same_host("localhost", "127.0.0.1", 30) and not _same_host("10.0.0.1", "10.0.0.2", 30)
     assert _same_host("no-such-host.invalid", "10.0.0.1", 30)  # cannot tell: not refused on a guess

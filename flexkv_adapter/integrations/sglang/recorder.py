@@ -1,7 +1,7 @@
 """The leader's FlexKV KVManager, unchanged, logging what each call returned or raised for the SGLang bridge.
 
 FlexKV's connector makes four or five KVManager calls per request (lookup, load, store), and the bridge's
-rules (:mod:`.sglang_outcomes`) read what they answered. A pass-through with ``*args, **kwargs`` packs and
+rules (:mod:`.outcomes`) read what they answered. A pass-through with ``*args, **kwargs`` packs and
 unpacks FlexKV's keywords on every call (about 0.8 us each, most of the bridge's cost per request), so each
 method that the manager declares exactly as FlexKV 34ab141's KVManager does (kvmanager.py:199-373: names,
 kinds, and defaults of the same value and type; the wrapper a decorator puts there, not what it wraps) is
@@ -23,7 +23,7 @@ CREATED, LAUNCHED, WAITED, RAISED = "created", "launched", "waited", "raised"
 
 class ObservedManager:
     """The manager, each call appending FlexKV's own answer to :attr:`log` (the bridge clears it as each of its
-    calls starts; :class:`.sglang_outcomes.Seen` parses it when asked). The methods below are FlexKV 34ab141's
+    calls starts; :class:`.outcomes.Seen` parses it when asked). The methods below are FlexKV 34ab141's
     signatures; :meth:`__init__` replaces, on this instance, each one the manager declares otherwise."""
 
     def __init__(self, manager: Any) -> None:

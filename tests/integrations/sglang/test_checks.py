@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexkv_adapter import InconsistentLayersError, adapt
-from flexkv_adapter.integrations.sglang_checks import ConnectorFacts, check_view
+from flexkv_adapter.integrations.sglang.checks import ConnectorFacts, check_view
 
-from ..helpers import SGLangLikeMHAPool, SGLangLikeMLAPool, flexkv_tp_roundtrip
+from ...helpers import SGLangLikeMHAPool, SGLangLikeMLAPool, flexkv_tp_roundtrip
 
 
 def _facts(kind: str, tp: int, total: int, head_size: int) -> ConnectorFacts:
@@ -65,7 +65,7 @@ def test_shared_kv_whose_shards_would_be_truncated_is_refused(kind, dim, tp, ok,
 def _connector_facts(kv_cache_dtype: str, model_dtype=torch.bfloat16):
     from types import SimpleNamespace
 
-    from flexkv_adapter.integrations.sglang_checks import FlexKVApi, connector_facts
+    from flexkv_adapter.integrations.sglang.checks import FlexKVApi, connector_facts
 
     model = SimpleNamespace(num_hidden_layers=2, head_dim=8, dtype=model_dtype, get_total_num_kv_heads=lambda: 2)
     server = SimpleNamespace(tp_size=1, kv_cache_dtype=kv_cache_dtype)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..errors import AdapterError
+from ...errors import AdapterError
 
 INDEXER = "index_k_with_scale_buffer"
 

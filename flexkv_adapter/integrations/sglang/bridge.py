@@ -5,13 +5,13 @@ string ``rid`` where the radix cache passes a ``CacheRequestHandle``. :class:`Br
 what the radix cache builds instead of the in-tree class: it owns FlexKV's connector and passes
 ``rid=<key of the handle>``. The key keeps ``attempt_id`` (disaggregated-prefill retries reuse
 ``rid``), is the same on every rank (FlexKV compares store keys across TP ranks) and is unique per
-store in flight (:mod:`.sglang_stores`).
+store in flight (:mod:`.stores`).
 
 Every FlexKV outcome passes through here: a load is "every slot on every rank" or a miss
-(:mod:`.sglang_outcomes`), slots FlexKV may still write stay quarantined, nothing FlexKV raises reaches
+(:mod:`.outcomes`), slots FlexKV may still write stay quarantined, nothing FlexKV raises reaches
 SGLang's scheduler (the error is logged once, its FlexKV task cancelled, the call a miss), and a flush
-empties FlexKV or fails (:mod:`.sglang_flush`). Which connector is built, and the checks before:
-:mod:`.sglang_resolve`.
+empties FlexKV or fails (:mod:`.flush`). Which connector is built, and the checks before:
+:mod:`.resolve`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import logging
 import sys
 from typing import Any
 
-from ..config.settings import load_settings
-from ..errors import AdapterError
-from .sglang_flush import SCHEDULER_MODULE, flush
-from .sglang_outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
-from .sglang_recorder import ObservedManager
-from .sglang_refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
-from .sglang_resolve import (
+from ...config.settings import load_settings
+from ...errors import AdapterError
+from .flush import SCHEDULER_MODULE, flush, register_radix_hooks
+from .outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
+from .recorder import ObservedManager
+from .refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
+from .resolve import (
     CALLS,
     FLEXKV_CONNECTOR_MODULE,
     HANDLE_MODULE,
@@ -39,10 +39,10 @@ from .sglang_resolve import (
     missing_radix_hooks,
     resolve_connector,
 )
-from .sglang_stores import StoreKeys
+from .stores import StoreKeys
 
 logger = logging.getLogger(__name__)
-FLUSH_MODULE = "flexkv_adapter.integrations.sglang_flush"
+FLUSH_MODULE = register_radix_hooks.__module__  # the module whose hook wraps Scheduler.flush_cache
 
 
 class BridgeConnector:
@@ -166,7 +166,7 @@ class BridgeConnector:
 
     def _settle_load(self, handle: Any, key: str, slot_mapping: Any, tid: int, returned: Any,
                      error: Exception | None) -> int:  # fmt: skip
-        """The load's agreed outcome (see :func:`.sglang_outcomes.load_outcome`): all, a miss or quarantined."""
+        """The load's agreed outcome (see :func:`.outcomes.load_outcome`): all, a miss or quarantined."""
         count, log = int(slot_mapping.numel()), self._log
         if error is None:
             try:
@@ -286,7 +286,7 @@ class BridgeConnector:
         return handle_type(rid=rid, attempt_id=int(attempt.partition("#store")[0]))
 
     def flush(self) -> None:
-        """Empty FlexKV (see :mod:`.sglang_flush`); raises FlushError where SGLang's flush_cache can report it."""
+        """Empty FlexKV (see :mod:`.flush`); raises FlushError where SGLang's flush_cache can report it."""
         scheduler = getattr(sys.modules.get(SCHEDULER_MODULE), "Scheduler", None)
         self._clean = True  # failed or not: FlexKVRadixCache.reset's own call that follows does not flush again
         flush(self, self._wait_s, hooked_by(getattr(scheduler, "flush_cache", None), FLUSH_MODULE))

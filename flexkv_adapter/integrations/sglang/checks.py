@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from ..errors import AdapterError, InconsistentLayersError
-from ..flexkv.checks import shared_kv_mode
-from ..model.copy_rules import shard_problem
-from ..model.layout import ViewKind
-from ..model.views import PoolView
-from ..readers.wrappers import detect, plane_groups, pool_kind, scale_groups
+from ...errors import AdapterError, InconsistentLayersError
+from ...flexkv.checks import shared_kv_mode
+from ...model.copy_rules import shard_problem
+from ...model.layout import ViewKind
+from ...model.views import PoolView
+from ...readers.wrappers import detect, plane_groups, pool_kind, scale_groups
 
 FIX_SKEW = (
     "Fix: pin FlexKV to b70205e (the last commit this connector works with: "

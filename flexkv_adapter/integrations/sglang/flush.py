@@ -17,15 +17,15 @@ import logging
 import time
 from typing import Any
 
-from ..errors import AdapterError
-from ..flexkv.reset import repair_task_table
+from ...errors import AdapterError
+from ...flexkv.reset import repair_task_table
 
 logger = logging.getLogger(__name__)
 
 RADIX_CLASS = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache.FlexKVRadixCache"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 FLUSH_CACHE = f"{SCHEDULER_MODULE}.Scheduler.flush_cache"
-PREFIX = "flexkv_adapter (SGLang plugin)"
+PREFIX = "flexkv_adapter (SGLang plugin)"  # every message of the SGLang plugin starts with it
 
 
 class FlushError(AdapterError):

@@ -4,7 +4,7 @@ FlexKV's connector (34ab141) answers ``retrieve_kv`` with a slot count that hide
 non-leader ranks return the full count whatever the leader's copy did (connector.py:634, :694), a
 copy past ``wait``'s 30 s deadline returns 0 while FlexKV still writes the slots (:666;
 kvtask.py:1097-1104), and a launch error is re-raised on the leader before the barrier its peers wait
-in (:644-655). :class:`.sglang_recorder.ObservedManager` records what the leader's ``KVManager`` did
+in (:644-655). :class:`.recorder.ObservedManager` records what the leader's ``KVManager`` did
 during a call; :func:`load_outcome` classifies it; :class:`Agreement` makes every TP rank take the same
 answer; :class:`Quarantine` keeps slots FlexKV may still write until FlexKV reports the task ended.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..errors import AdapterError
-from .sglang_recorder import CREATED, LAUNCHED, RAISED, WAITED, ObservedManager
+from ...errors import AdapterError
+from .recorder import CREATED, LAUNCHED, RAISED, WAITED, ObservedManager
 
 logger = logging.getLogger(__name__)
 

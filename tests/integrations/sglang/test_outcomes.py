@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexkv_adapter.integrations.sglang_outcomes import (
+from flexkv_adapter.integrations.sglang.outcomes import (
     QUARANTINE,
     Agreement,
     Quarantine,

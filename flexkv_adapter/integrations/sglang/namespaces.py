@@ -12,8 +12,8 @@ import importlib
 import logging
 from typing import Any
 
-from ..config.settings import AdapterSettings
-from .sglang_bridge import PREFIX
+from ...config.settings import AdapterSettings
+from .flush import PREFIX
 
 logger = logging.getLogger(__name__)
 

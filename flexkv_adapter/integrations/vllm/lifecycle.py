@@ -18,10 +18,10 @@ import re
 import time
 from typing import Any
 
-from ..config.settings import load_settings
-from ..errors import AdapterError
-from ..flexkv.reset import repair_task_table
-from .vllm_ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
+from ...config.settings import load_settings
+from ...errors import AdapterError
+from ...flexkv.reset import repair_task_table
+from .ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,17 @@
+"""The SGLang drop-in (:mod:`.plugin`) and everything only it uses.
+
+``install`` is the entry point (group ``sglang.srt.plugins``); it imports the plugin when SGLang calls
+it, so importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+
+def install() -> None:
+    """Entry point: :func:`.plugin.install` (imported on the call)."""
+    from .plugin import install as install_plugin
+
+    install_plugin()
+
+
+__all__ = ["install"]

@@ -1,0 +1,23 @@
+"""The vLLM drop-in (:mod:`.plugin`) with its request lifecycle (:mod:`.lifecycle`, :mod:`.ledger`) and
+stats (:mod:`.stats`).
+
+``install`` is the entry point (group ``vllm.general_plugins``); it imports the plugin when vLLM calls
+it, so importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+
+def install() -> None:
+    """Entry point: :func:`.plugin.install` (imported on the call; never raises)."""
+    try:
+        from .plugin import install as install_plugin
+    except Exception as exc:  # vLLM calls plugins without a try: a broken import must not stop the engine
+        logging.getLogger(__name__).debug("flexkv_adapter vLLM plugin not installed: %s", exc)
+        return
+    install_plugin()
+
+
+__all__ = ["install"]
