@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         NotAddressableError,
         PlanError,
         SettingsError,
+        UnsupportedFeatureError,
         UnsupportedPoolError,
     )
     from .flexkv.plan import FlexKVPlan, plan
@@ -50,6 +51,7 @@ _EXPORTS = {
     "NotAddressableError": "errors",
     "PlanError": "errors",
     "SettingsError": "errors",
+    "UnsupportedFeatureError": "errors",
     "UnsupportedPoolError": "errors",
     "FlexKVPlan": "flexkv.plan",
     "plan": "flexkv.plan",
@@ -81,6 +83,7 @@ __all__ = [
     "PoolView",
     "Report",
     "SettingsError",
+    "UnsupportedFeatureError",
     "UnsupportedPoolError",
     "adapt",
     "align_across_ranks",

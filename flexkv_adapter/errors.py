@@ -41,6 +41,11 @@ class UnsupportedPoolError(AdapterError):
     """No recogniser understood the pool (the message lists why each one declined)."""
 
 
+class UnsupportedFeatureError(UnsupportedPoolError):
+    """An engine feature (a pool class, a KV cache spec type, an option) that its engine's feature table refuses
+    or does not name (default deny); the message names the feature and the table (docs/sglang.md, docs/vllm.md)."""
+
+
 class AmbiguousLayoutError(AdapterError):
     """More than one reading of the tensor axes fits; an option must settle which."""
 

@@ -9,15 +9,13 @@ integer reader, identity, extents, alignment, labels) then run the same way on e
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from ..errors import AdapterError, InconsistentLayersError, NotAddressableError, UnsupportedPoolError
+from ..errors import AdapterError, InconsistentLayersError, NotAddressableError
 from ..model.hybrid import HybridStructure
 from .containers import addresses, probe, probe_int
+from .engine_objects import refuse_unproven
 from .options import validate_options
 from .plugins import plugin_spec
 from .spec import load_spec, merge_spec_options
@@ -40,7 +38,8 @@ class Source:
 
 
 def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) -> Source:
-    """The record for ``pool``: spec and plugin options merged, HiSparse refused, hybrids unwrapped.
+    """The record for ``pool``: spec and plugin options merged, unproven engine classes and remapped rows
+    refused (:func:`.engine_objects.refuse_unproven`), hybrids unwrapped.
 
     Precedence: ``spec=``; explicit ``attrs=``/``axes=``; hybrid wrappers; recogniser plugins.
     Explicit attrs (an option or a spec's) name the tensors: read as named, never unwrapped.
@@ -52,7 +51,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
         spec = load_spec(spec_source)
         given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
         page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
-    refuse_token_id_remaps(pool)
+    refuse_unproven(pool)  # engine classes by their table; remapped rows by their markers
     if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
         if unused := sorted(set(given) - {"kind", "layer_ids"}):
             raise AdapterError(
@@ -106,49 +105,6 @@ def check_wrapper_page_size(pool: object, structure: HybridStructure) -> None:
             f"{type(pool).__name__}.page_size={outer} contradicts {structure.primary_attr}.page_size={inner}; "
             f"fix the pool metadata"
         )
-
-
-_SUB_POOLS = ("main_pool", "full_kv_pool", "swa_kv_pool", "index_kv_pool", "index_k_pool")
-
-
-def refuse_token_id_remaps(pool: object) -> None:
-    """Pools, or sub-pools, whose buffers are not indexed by the token ids the engine hands out: HiSparse
-    (a hot subset of tokens) and unified memory (kernel-facing physical ids). FlexKV would copy other rows.
-    Tensors, lists and dicts carry no such attributes."""
-    if isinstance(pool, (torch.Tensor, list, tuple, dict)):
-        return
-    for attr, sub in [("", pool), *((a, probe(pool, a, tolerate=True)) for a in _SUB_POOLS)]:
-        if sub is None:
-            continue
-        where = f"{type(pool).__name__}{f'.{attr} ({type(sub).__name__})' if attr else ''}"
-        if _is_hisparse(sub):
-            raise UnsupportedPoolError(
-                f"{where} is a HiSparse pool: its device buffers hold only the hot subset of tokens, "
-                f"addressed through full_to_hisparse_device_index_mapping. FlexKV indexes by the full pool's token "
-                f"locations and would read the wrong rows. Offload from the host mirror instead, or disable hisparse"
-            )
-        if probe(sub, "_unified_buffer", tolerate=True) is not None:
-            raise UnsupportedPoolError(
-                f"{where} is a unified-memory pool (--enable-unified-memory: views into one UnifiedKVPool, "
-                f"_unified_buffer): its buffers are indexed by physical, kernel-facing token ids, while SGLang's "
-                f"allocator and radix cache hand out virtual ones. FlexKV would store and restore other pages, "
-                f"another sub-pool's live ones among them. Serve without --enable-unified-memory to use FlexKV"
-            )
-
-
-def _is_hisparse(pool: object) -> bool:
-    """HiSparse pools carry (or register later) a full -> device index mapping."""
-    # tolerate: SGLang's property asserts that hisparse is enabled
-    if probe(pool, "full_to_hisparse_device_index_mapping", tolerate=True) is not None:
-        return True
-    register_mapping = probe(pool, "register_mapping")
-    try:
-        return (
-            callable(register_mapping)
-            and "full_to_hisparse_device_index_mapping" in inspect.signature(register_mapping).parameters
-        )
-    except (TypeError, ValueError):
-        return False
 
 
 def _spec_page_size(name: str, from_spec: int | None, argument: int | None) -> int | None:

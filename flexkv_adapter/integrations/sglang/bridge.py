@@ -26,7 +26,7 @@ from ...errors import AdapterError
 from .flush import SCHEDULER_MODULE, flush, register_radix_hooks
 from .outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
 from .recorder import ObservedManager
-from .refusals import bridge_topology_refusal, hicache_storage_refusal, own_connector_refusal
+from .refusals import start_refusal
 from .resolve import (
     CALLS,
     FLEXKV_CONNECTOR_MODULE,
@@ -55,8 +55,7 @@ class BridgeConnector:
         try:
             # Also here, not only in the hook on FlexKV's __init__: SGLang logs a hook it fails to apply and serves on.
             args = kwargs.get("server_args")
-            refusal = own_connector_refusal(kwargs.get("kvcache"), args) or bridge_topology_refusal(args)
-            if refusal := refusal or hicache_storage_refusal(args):
+            if refusal := start_refusal(kwargs.get("kvcache"), args):
                 raise refusal
             if missing := missing_radix_hooks():
                 raise AdapterError(

@@ -20,13 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import flexkv_adapter.integrations.sglang.health_probe as health_probe
-
 from ...config import lookup
 from ...config.pids import alive
 from ...config.settings import AdapterSettings
 from ...errors import AdapterError
 from ...text import clip
+from . import health_probe
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""No FlexKV hits across namespaces: requests with a LoRA (``extra_key``) or ``cache_salt`` bypass FlexKV.
+"""No FlexKV hits across namespaces: requests with a LoRA (``extra_key``), a ``cache_salt`` or multimodal inputs
+bypass FlexKV.
 
 SGLang's FlexKVRadixCache hands the connector token ids only, while a LoRA id lives in the request's
 ``extra_key`` and ``cache_salt`` is separate: two tenants with the same prompt would share KV. By
@@ -21,8 +22,13 @@ RADIX_CLASS = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache.FlexKVRadi
 
 
 def namespaced(obj: Any) -> bool:
-    """A request or radix key that carries a LoRA id (extra_key) or a cache_salt."""
-    return obj is not None and (getattr(obj, "extra_key", None) is not None or bool(getattr(obj, "cache_salt", None)))
+    """A request or radix key that carries a LoRA id (extra_key), a cache_salt, or multimodal inputs (whose pad
+    ids FlexKV's token-id key was never proven to tell apart): it bypasses FlexKV."""
+    return obj is not None and (
+        getattr(obj, "extra_key", None) is not None
+        or bool(getattr(obj, "cache_salt", None))
+        or getattr(obj, "multimodal_inputs", None) is not None
+    )
 
 
 def _base(self: Any) -> Any:

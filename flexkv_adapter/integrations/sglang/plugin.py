@@ -56,7 +56,7 @@ from .checks import (
 from .external_remote import ExternalRemote, wait_for_start_remote
 from .flush import SCHEDULER_MODULE, register_radix_hooks
 from .namespaces import register_namespace_hooks
-from .refusals import own_connector_refusal
+from .refusals import option_refusal, start_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def prepare_kvcache(settings: AdapterSettings, connector: str, in_tree: bool, kw
     doing = f"adapting the KV pool for {connector}"
     try:
         api = installed_flexkv_api()
-        error = skew_error(api) if in_tree else own_connector_refusal(kwargs.get("kvcache"), kwargs.get("server_args"))
+        args = kwargs.get("server_args")
+        error = (skew_error(api) or option_refusal(args)) if in_tree else start_refusal(kwargs.get("kvcache"), args)
         if error is not None:
             raise error
         missing = [k for k in ("kvcache", "sgl_model_config", "server_args", "page_size") if k not in kwargs]

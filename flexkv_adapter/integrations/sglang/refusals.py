@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ...errors import AdapterError
+from ...errors import AdapterError, UnsupportedFeatureError
+from ...model.sglang_features import OPTION, SGLANG
 
 INDEXER = "index_k_with_scale_buffer"
 
@@ -109,4 +110,38 @@ def hicache_storage_refusal(server_args: Any) -> AdapterError | None:
         f"hicache_storage_backend={backend!r}: SGLang 0.5.23's scheduler then calls FlexKVRadixCache.is_backuped "
         f"(which it lacks) at every admitted request; FlexKV's own SSD / remote tiers are configured in FlexKV "
         f"instead. Run without --hicache-storage-backend"
+    )
+
+
+def _on(value: Any, example: Any) -> bool:
+    """Whether a server setting turns its feature on, judged by the kind of value that does (the row's example):
+    a flag set, a size above 1, a name given."""
+    if isinstance(example, bool):
+        return value is True
+    if isinstance(example, int):
+        return isinstance(value, int) and not isinstance(value, bool) and value > 1
+    return isinstance(value, str) and value != ""
+
+
+def option_refusal(server_args: Any) -> AdapterError | None:
+    """The first server option the feature table refuses that ``server_args`` turns on (default deny's side for
+    options: every refused row is checked here, also those a specific refusal above words first)."""
+    for row in SGLANG.of_kind(OPTION):
+        if row.verdict != "refused" or not row.trigger:
+            continue
+        setting, example = row.trigger
+        value = getattr(server_args, setting, None)
+        if _on(value, example):
+            return UnsupportedFeatureError(f"{setting}={value!r}: {SGLANG.refusal(row.name, OPTION)}")
+    return None
+
+
+def start_refusal(kvcache: Any, server_args: Any) -> AdapterError | None:
+    """Everything the bridge refuses at engine start, in order: the pool for FlexKV's own connector, the
+    topologies, a HiCache storage backend, then every option the feature table refuses."""
+    return (
+        own_connector_refusal(kvcache, server_args)
+        or bridge_topology_refusal(server_args)
+        or hicache_storage_refusal(server_args)
+        or option_refusal(server_args)
     )

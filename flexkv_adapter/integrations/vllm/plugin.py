@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-import flexkv_adapter.integrations.vllm.lifecycle as vllm_lifecycle
-import flexkv_adapter.integrations.vllm.stats as vllm_stats
-
 from ...errors import AdapterError, NotAddressableError
 from ...model.layout import ViewKind
+from . import features as vllm_features
+from . import lifecycle as vllm_lifecycle
+from . import stats as vllm_stats
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ def _patch_connector(cls: Any) -> None:
             raise AdapterError(
                 f"flexkv_adapter: {mismatch}; the plugin was proven on {vllm_lifecycle.PROVEN_TEXT} and refuses"
             )
+        vllm_features.check_options(vllm_config)
         sleeping = _sleep_without_hooks(cls, vllm_config)
         if sleeping:
             raise AdapterError(f"flexkv_adapter: {sleeping}")
@@ -177,7 +178,9 @@ def _patch_flexkv_config() -> None:
 
 
 def spec_facts(kv_cache_config: Any) -> dict[str, Any]:
-    """Kind, heads per rank, packed cell width and manager block size from vLLM's one KV cache group."""
+    """Kind, heads per rank, packed cell width and manager block size from vLLM's one KV cache group, whose
+    spec types the feature table serves (:func:`.features.check_specs`)."""
+    vllm_features.check_specs(kv_cache_config)
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if len(groups) != 1:
         raise AdapterError(

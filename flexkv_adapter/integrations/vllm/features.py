@@ -1,0 +1,68 @@
+"""vLLM's side of the feature table, checked at engine start: spec types, groups and options.
+
+Every KV cache spec vLLM hands the connector (each group's, and each layer's inside
+``UniformTypeKVCacheSpecs``) is looked up by its class in :data:`~flexkv_adapter.model.vllm_features.VLLM`:
+what the table does not serve is refused, an unnamed class (a user's subclass included) by default. Options
+the table refuses are read off ``vllm_config`` when the connector is constructed, in both roles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import UnsupportedFeatureError
+from ...model.features import table_name
+from ...model.vllm_features import OPTION, SPEC, VLLM
+
+PREFIXES = ("vllm.",)
+
+
+def _spec_refusal(spec: Any, where: str) -> str | None:
+    name = table_name(type(spec), PREFIXES)
+    return VLLM.refusal(name, SPEC, where)
+
+
+def check_specs(kv_cache_config: Any) -> None:
+    """Refuse every group's spec, and every layer's spec of a uniform group, that the table does not serve."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    for i, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        problem = _spec_refusal(spec, f"KV cache group {i}'s spec")
+        per_layer = getattr(spec, "kv_cache_specs", None)
+        if problem is None and isinstance(per_layer, Mapping):
+            problem = next(
+                (p for n, s in per_layer.items() if (p := _spec_refusal(s, f"layer {n}'s spec")) is not None), None
+            )
+        if problem is not None:
+            raise UnsupportedFeatureError(f"flexkv_adapter: {problem}")
+
+
+def _v2_gpu_runner(vllm_config: Any) -> bool:
+    """vLLM's V2 model runner on a GPU platform (vllm#49250 is in its update_requests); CPU runs the CPU runner."""
+    try:
+        gpu = bool(importlib.import_module("vllm.platforms").current_platform.is_cuda_alike())
+    except Exception:  # no vLLM platform to ask: not a GPU runner
+        return False
+    try:
+        return gpu and bool(getattr(vllm_config, "use_v2_model_runner", False))
+    except Exception:  # the property raises for a configuration vLLM itself refuses
+        return False
+
+
+def check_options(vllm_config: Any) -> None:
+    """Refuse the options the table refuses: speculative decoding, and recompute on the V2 GPU model runner."""
+    problems = []
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        problems.append(("speculative decoding", "speculative_config is set"))
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    policy = getattr(transfer, "kv_load_failure_policy", None)
+    if policy == "recompute" and _v2_gpu_runner(vllm_config):
+        problems.append(("kv_load_failure_policy=recompute (V2 GPU model runner)", "the V2 model runner on a GPU"))
+    if problems:
+        name, why = problems[0]
+        raise UnsupportedFeatureError(f"flexkv_adapter ({why}): {VLLM.refusal(name, OPTION)}")
+
+
+__all__ = ["check_options", "check_specs"]
