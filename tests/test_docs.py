@@ -82,3 +82,14 @@ def test_wheel_carries_what_the_readme_promises(tmp_path):
         "[vllm.general_plugins]\nflexkv_adapter = flexkv_adapter.integrations.vllm:install",
     ):
         assert line in entry_points
+
+
+def test_the_feature_tables_in_the_docs_are_the_codes():
+    """docs/sglang.md and docs/vllm.md show the feature tables as generated from the code (scripts/feature_docs.py)."""
+    spec = importlib.util.spec_from_file_location("feature_docs", ROOT / "scripts" / "feature_docs.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    for page, (table, source) in module.PAGES.items():
+        text = (ROOT / page).read_text()
+        assert module.rewritten(text, table, source) == text, f"{page} differs: run python scripts/feature_docs.py"
+        assert module.rewritten(text.replace("| served |", "| refused |", 1), table, source) == text  # it would fix it

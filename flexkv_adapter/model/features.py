@@ -94,11 +94,15 @@ class FeatureTable:
         wanted = list(dict.fromkeys(r.kind for r in self.rows)) if kinds is None else list(kinds)
         out: list[str] = []
         for kind in wanted:
-            out += [f"**{kind}**", "", "| name | verdict | why | proof, or where refused |", "|---|---|---|---|"]
-            for r in sorted(self.of_kind(kind), key=lambda r: (VERDICTS.index(r.verdict), r.name)):
-                detail = f"`{r.proof}`; control `{r.control}`" if r.verdict == "served" else r.where
+            rows = sorted(self.of_kind(kind), key=lambda r: (VERDICTS.index(r.verdict), r.name))
+            places = {r.where for r in rows if r.verdict == "refused"}
+            out += [f"**{kind}**" + (f" (refused at {next(iter(places))})" if len(places) == 1 else ""), ""]
+            out += ["| name | verdict | why | proof and negative control, or what to do instead |", "|---|---|---|---|"]
+            for r in rows:
                 if r.verdict == "refused":
-                    detail += f"; instead: {r.instead}"
+                    detail = r.instead + (f" (refused at {r.where})" if len(places) > 1 else "")
+                else:
+                    detail = f"`{r.proof}`; control `{r.control}`"
                 out.append(f"| `{r.name}` | {r.verdict} | {_cell(r.reason)} | {_cell(detail)} |")
             out.append("")
         return "\n".join(out).rstrip() + "\n"

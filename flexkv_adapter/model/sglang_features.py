@@ -74,7 +74,7 @@ REQUEST_ROWS: tuple[Feature, ...] = (
             "up nor stores in FlexKV", proof=NAMESPACES, control=NAMESPACES_CONTROL),
     Feature("multimodal inputs", REQUEST, "bypassed", "image and audio tokens reach FlexKV as pad ids derived from "
             "the input's hash, unproven as keys: such a request neither looks up nor stores in FlexKV",
-            proof=NAMESPACES, control=NAMESPACES_CONTROL),
+            proof=f"{NAMESPACES}[multimodal]", control=NAMESPACES_CONTROL),
 )  # fmt: skip
 
 SGLANG = FeatureTable("SGLang 0.5.23", "docs/sglang.md#features", POOL_ROWS + OPTION_ROWS + REQUEST_ROWS)

@@ -44,8 +44,9 @@ SPEC_ROWS: tuple[Feature, ...] = (
             control=f"{T}test_vllm_features.py::test_a_uniform_group_with_one_sliding_window_layer_is_refused"),
     _spec("SlidingWindowSpec", WINDOW, "Serve sliding-window models without FlexKVConnectorV1"),
     _spec("SlidingWindowMLASpec", WINDOW, "Serve sliding-window models without FlexKVConnectorV1"),
-    _spec("RSWASpec", f"{WINDOW} (a full-attention spec whose window vLLM applies to the blocks)",
-          "Serve sliding-window models without FlexKVConnectorV1"),
+    _spec("RSWASpec", "a sliding window over the decoded tokens: vLLM keeps the prompt's blocks but nulls those "
+          "between the prompt and the window during decode, and FlexKV's request_finished would store null block "
+          "0 under those positions", "Serve sliding-window models without FlexKVConnectorV1"),
     _spec("ChunkedLocalAttentionSpec", "a chunked-local group: blocks before the current chunk are released and "
           "nulled as in a sliding window, so FlexKV would store the null block under the prefix"),
     _spec("CircularBufferSpec", "a circular-buffer group: blocks are reused in a ring, so a block id is no prompt "

@@ -27,6 +27,7 @@ class TinyLlama:
     init_range: float = 0.2  # large enough that the KV a step reads changes its greedy token
     dtype: str = "bfloat16"
     seed: int = 0
+    sliding_window: int | None = None  # every layer sliding-window (vLLM then makes a SlidingWindowSpec group)
 
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
@@ -71,6 +72,7 @@ def build(out: Path, spec: TinyLlama = TinyLlama()) -> Path:
         bos_token_id=1,
         eos_token_id=2,
         torch_dtype=spec.dtype,
+        **({"sliding_window": spec.sliding_window} if spec.sliding_window is not None else {}),
     )
     model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype))
     out.mkdir(parents=True, exist_ok=True)

@@ -220,6 +220,32 @@ def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> di
     return out
 
 
+def _start_sliding_window(model: Path, state: Path, window: int) -> None:
+    """Start the engine on a sliding-window model: emit how its start ended (the table refuses it), then leave."""
+    import vllm
+
+    from tests.e2e.engine_process import emit
+    from tests.e2e.tiny_model import TinyLlama, build
+
+    build(model, TinyLlama(sliding_window=window))
+    shm = state / "shm"
+    shm.mkdir(parents=True, exist_ok=True)
+    _kv_memory_in_shared_files(shm)
+    try:
+        run = Run(model, state, policy="fail")
+    except Exception as exc:  # what the user sees: the engine does not start
+        chain, cause = [], exc
+        while cause is not None:
+            chain.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        emit({"vllm": vllm.__version__, "started": False, "errors": chain})
+        os._exit(0)
+    spec = run.llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    emit({"vllm": vllm.__version__, "started": True, "spec": type(spec).__name__})
+    run.llm.llm_engine.engine_core.shutdown()
+    os._exit(0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, required=True)
@@ -227,6 +253,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, nargs="+", required=True, help="prompt A's token ids")
     parser.add_argument("--partial", type=int, nargs="+", required=True, help="a prompt sharing only A's prefix")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--sliding-window", type=int, help="only start an engine on a sliding-window model")
     args = parser.parse_args()
     import vllm.logger  # configures vLLM's loggers, replacing their handlers: attach after it
 
@@ -237,6 +264,8 @@ def main() -> None:
         logging.getLogger(name).addHandler(records)
     from tests.e2e.tiny_model import build
 
+    if args.sliding_window is not None:
+        _start_sliding_window(args.model, args.state, args.sliding_window)
     build(args.model)
     shm = args.state / "shm"
     shm.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,7 @@ def test_unproven_topologies_are_refused_by_the_bridge(sglang_env, models, serve
 
     sglang_env.use("serving")
     sglang_env.load()
-    with pytest.raises(AdapterError, match="choosing the connector for FlexKVRadixCache: (pp_size=2|DP attention)"):
+    with pytest.raises(AdapterError, match="choosing the connector for FlexKVRadixCache: (pp_size=2|dp_size=2)"):
         build(mha_pool(), models["llama"], **server)  # what FlexKVRadixCache builds: the bridge
     assert not fk.calls("register_to_server")
 

@@ -116,7 +116,7 @@ def test_a_view_read_by_attrs_from_a_wrapper_of_a_dsa_pool_is_refused(sglang_env
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("attn_dp_size", 2, "DP attention or data parallelism .dp_size=1, attn_dp_size=2"),  # 0.5.23 spelling
+        ("attn_dp_size", 2, "attn_dp_size=2: --enable-dp-attention is DP attention"),  # 0.5.23 spelling
         ("dp_size", 2, "dp_size=2"),  # replicas: FlexKVRadixCache's factory passes dp_rank=None to each
         ("enable_kv_cache_sharding", True, "enable_kv_cache_sharding"),  # pages split across ranks, as dcp
     ],

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from flexkv_adapter import AdapterError, InconsistentLayersError, SettingsError
+from flexkv_adapter import AdapterError, InconsistentLayersError, SettingsError, UnsupportedFeatureError
 from flexkv_adapter.integrations.sglang.namespaces import RADIX_CLASS
 from flexkv_adapter.integrations.sglang.plugin import IN_TREE_CONNECTOR, IN_TREE_MODULE, module_exists
 from flexkv_adapter.model.hybrid import HybridPoolError
@@ -93,13 +93,15 @@ def test_in_tree_connector_registers_the_adapted_mha_pool(sglang_env, models, ca
     assert "\n" not in line and "bytes copied 0" in line
 
 
-def test_pipeline_stage_pool_matches_its_stage(sglang_env, models):
-    """pp rank 1 of 2 over 3 layers holds layers 1..2 (SGLang's get_pp_indices), as FlexKV counts them."""
-    sglang_env.use("current")  # the in-tree connector needs real process groups at pp_size > 1
+@pytest.mark.parametrize(("env", "module"), [("current", OWN_MODULE), ("old", None)], ids=["flexkv-own", "in-tree"])
+def test_a_pipeline_stage_is_refused_as_unproven_on_every_connector(sglang_env, models, env, module):
+    """pp rank 1 of 2 over 3 layers: the pool matches its stage, but serving at PP is unproven (feature table)."""
+    sglang_env.use(env)
     sglang_env.load()
     pool = mha_pool(layers=2, start_layer=1)
-    build(pool, models["llama"], module=OWN_MODULE, pp_rank=1, pp_size=2)
-    assert_registered_as_pool([pool.k_buffer, pool.v_buffer])
+    with pytest.raises(UnsupportedFeatureError, match="pp_size=2: --pp-size is a pipeline-parallel topology"):
+        build(pool, models["llama"], **({"module": module} if module else {}), pp_rank=1, pp_size=2)
+    assert not fk.calls("register_to_server")
 
 
 def test_without_the_plugin_the_connector_refuses_a_renamed_pool(sglang_env, models):
@@ -160,7 +162,7 @@ def test_swa_pool_for_an_mla_model_is_the_seed_error(sglang_env, models):
     ("pool", "server", "page_size", "match"),
     [
         (lambda: mha_pool(layers=2), {}, 16, "holds 2 layers but FlexKV's connector registers num_layer=3"),
-        (lambda: mha_pool(layers=3), {"pp_size": 2}, 16, "num_layer=1 \\(layers 0..0 of num_hidden_layers=3"),
+        (lambda: mha_pool(layers=3), {"pp_size": 2}, 16, "pp_size=2: --pp-size is a pipeline-parallel topology"),
         (mha_pool, {}, 32, "page_size=32 contradicts pool.page_size=16"),
         (lambda: mha_pool(head_num=4), {"tp_size": 2}, 16, "4 KV heads per rank at attention TP size 2"),
         (mla_pool, {}, 16, "MLATokenToKVPool is an MLA pool \\(kv_buffer\\) but FlexKV treats the model as MHA"),
@@ -243,7 +245,7 @@ def test_any_geometry_is_registered_correctly_or_refused(sglang_env, models, lay
     fk.CALLS.clear()
     first, end = get_pp_indices(3, pp_rank, pp)
     pool = mha_pool(layers=layers, start_layer=first, size=size, head_num=heads, page_size=page)
-    readable = layers == end - first and heads * tp == 4 and not (heads == 1 and tp > 1)
+    readable = pp == 1 and layers == end - first and heads * tp == 4 and not (heads == 1 and tp > 1)
     event("readable" if readable else "refused")
     try:
         build(pool, models["llama"], module=OWN_MODULE, page_size=page, pp_rank=pp_rank, pp_size=pp, tp_size=tp)

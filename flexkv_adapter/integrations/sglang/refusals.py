@@ -1,4 +1,5 @@
-"""What FlexKV's own SGLang connector cannot serve correctly, bridged or built directly: refuse it first."""
+"""What SGLang with FlexKV cannot serve correctly, refused at engine start: pools FlexKV's own connector would
+overrun, and every server option the feature table refuses (:data:`~flexkv_adapter.model.sglang_features.SGLANG`)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ def _indexer(candidate: Any) -> Any:
         return None
 
 
-def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
-    """DSA/NSA indexer pools (FlexKV registers the indexer with a whole page per token block and overruns
-    the buffer) and decode context parallelism (each rank holds part of every page: unproven)."""
+def own_connector_refusal(pool: Any) -> AdapterError | None:
+    """DSA/NSA indexer pools: FlexKV's own connector registers the indexer with a whole page per token block
+    and overruns the buffer (also below a view or a hybrid wrapper)."""
     for candidate in _pools(pool):
         if _indexer(candidate) is not None:
             return AdapterError(
@@ -57,60 +58,7 @@ def own_connector_refusal(pool: Any, server_args: Any) -> AdapterError | None:
                 f"registers it with head_size = a whole page row per token block and would copy past the end "
                 f"of the buffer, overwriting the following pages. Serve this model without --enable-flexkv"
             )
-    dcp = getattr(server_args, "dcp_size", 1)
-    if isinstance(dcp, int) and not isinstance(dcp, bool) and dcp > 1:
-        return AdapterError(
-            f"decode context parallelism (dcp_size={dcp}) splits every page across ranks; FlexKV's SGLang "
-            f"connector keys and copies whole pages per rank, which is unproven. Run with dcp_size=1"
-        )
     return None
-
-
-def bridge_topology_refusal(server_args: Any) -> AdapterError | None:
-    """Topologies the bridge has not been proven at: pipeline or attention context parallelism, KV-cache
-    sharding, and any data parallelism, where SGLang 0.5.23's FlexKV factory passes ``dp_rank=None``
-    (every DP rank would register with FlexKV as DP client 0)."""
-
-    def size(name: str) -> int:
-        value = getattr(server_args, name, 1)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 1
-
-    if size("pp_size") > 1 or size("attn_cp_size") > 1:
-        return AdapterError(
-            f"pp_size={size('pp_size')}, attn_cp_size={size('attn_cp_size')}: serving FlexKVRadixCache through "
-            f"FlexKV's own connector is proven at tensor parallelism only (TP 1 and 2); run with pp_size=1 and "
-            f"attn_cp_size=1"
-        )
-    # SGLang 0.5.23 spells DP attention attn_dp_size (``--dp-size N --enable-dp-attention`` resolves to
-    # attn_dp_size=N, dp_size=1, enable_dp_attention=False: arg_groups/parallel_hook.py:39-61).
-    dp, attn_dp = size("dp_size"), size("attn_dp_size")
-    if dp > 1 or attn_dp > 1:
-        return AdapterError(
-            f"DP attention or data parallelism (dp_size={dp}, attn_dp_size={attn_dp}): SGLang 0.5.23's FlexKV "
-            f"radix-cache factory passes dp_rank=None, so every DP rank would register with FlexKV as DP client 0; "
-            f"run with dp_size=1 and attn_dp_size=1"
-        )
-    if getattr(server_args, "enable_kv_cache_sharding", False) is True:
-        return AdapterError(
-            "enable_kv_cache_sharding shards the KV pages across ranks (as decode context parallelism does); "
-            "FlexKV's SGLang connector keys and copies whole pages per rank, which is unproven. Run without it"
-        )
-    return None
-
-
-def hicache_storage_refusal(server_args: Any) -> AdapterError | None:
-    """A HiCache storage backend next to FlexKV: SGLang 0.5.23's scheduler then fails at the first request.
-
-    With one set, ``Scheduler._prefetch_kvcache`` calls ``tree_cache.is_backuped`` (managers/scheduler.py:3365),
-    which FlexKVRadixCache lacks, then ``prefetch_from_storage`` with nine arguments where it takes three."""
-    backend = getattr(server_args, "hicache_storage_backend", None)
-    if backend is None or backend == "":
-        return None
-    return AdapterError(
-        f"hicache_storage_backend={backend!r}: SGLang 0.5.23's scheduler then calls FlexKVRadixCache.is_backuped "
-        f"(which it lacks) at every admitted request; FlexKV's own SSD / remote tiers are configured in FlexKV "
-        f"instead. Run without --hicache-storage-backend"
-    )
 
 
 def _on(value: Any, example: Any) -> bool:
@@ -124,8 +72,8 @@ def _on(value: Any, example: Any) -> bool:
 
 
 def option_refusal(server_args: Any) -> AdapterError | None:
-    """The first server option the feature table refuses that ``server_args`` turns on (default deny's side for
-    options: every refused row is checked here, also those a specific refusal above words first)."""
+    """The first server option the feature table refuses that ``server_args`` turns on: the one place options are
+    refused, on every connector path (the bridge, FlexKV's own connector, the in-tree one)."""
     for row in SGLANG.of_kind(OPTION):
         if row.verdict != "refused" or not row.trigger:
             continue
@@ -137,11 +85,6 @@ def option_refusal(server_args: Any) -> AdapterError | None:
 
 
 def start_refusal(kvcache: Any, server_args: Any) -> AdapterError | None:
-    """Everything the bridge refuses at engine start, in order: the pool for FlexKV's own connector, the
-    topologies, a HiCache storage backend, then every option the feature table refuses."""
-    return (
-        own_connector_refusal(kvcache, server_args)
-        or bridge_topology_refusal(server_args)
-        or hicache_storage_refusal(server_args)
-        or option_refusal(server_args)
-    )
+    """Everything refused at engine start with FlexKV's own connector (bridged or not): the pool it would
+    overrun, then every server option the feature table refuses."""
+    return own_connector_refusal(kvcache) or option_refusal(server_args)

@@ -12,11 +12,7 @@ from hypothesis import strategies as st
 from flexkv_adapter import AdapterError
 from flexkv_adapter.integrations.sglang.bridge import BridgeConnector, check_connector, handle_key
 from flexkv_adapter.integrations.sglang.namespaces import namespaced
-from flexkv_adapter.integrations.sglang.refusals import (
-    bridge_topology_refusal,
-    hicache_storage_refusal,
-    own_connector_refusal,
-)
+from flexkv_adapter.integrations.sglang.refusals import own_connector_refusal, start_refusal
 
 
 @dataclass(frozen=True)
@@ -106,10 +102,11 @@ def test_a_changed_connector_is_refused_naming_the_method(cls, match):
 
 def test_indexer_pools_and_dcp_are_refused_for_flexkv_own_connector():
     pool = SimpleNamespace(index_k_with_scale_buffer=[object()])
-    assert "index_k_with_scale_buffer" in str(own_connector_refusal(pool, SimpleNamespace()))
-    assert "index_k_with_scale_buffer" in str(own_connector_refusal(SimpleNamespace(source=pool), None))
-    assert "dcp_size=2" in str(own_connector_refusal(SimpleNamespace(), SimpleNamespace(dcp_size=2)))
-    assert own_connector_refusal(SimpleNamespace(k_buffer=[]), SimpleNamespace(dcp_size=1)) is None
+    assert "index_k_with_scale_buffer" in str(own_connector_refusal(pool))
+    assert "index_k_with_scale_buffer" in str(own_connector_refusal(SimpleNamespace(source=pool)))
+    assert own_connector_refusal(SimpleNamespace(k_buffer=[])) is None
+    assert "dcp_size=2" in str(start_refusal(SimpleNamespace(), SimpleNamespace(dcp_size=2)))
+    assert start_refusal(SimpleNamespace(k_buffer=[]), SimpleNamespace(dcp_size=1)) is None
 
 
 @pytest.mark.parametrize(
@@ -118,6 +115,8 @@ def test_indexer_pools_and_dcp_are_refused_for_flexkv_own_connector():
         (SimpleNamespace(extra_key=None, cache_salt=None), False),
         (SimpleNamespace(extra_key="lora-1", cache_salt=None), True),
         (SimpleNamespace(extra_key=None, cache_salt="salt"), True),
+        (SimpleNamespace(multimodal_inputs=object()), True),
+        (SimpleNamespace(multimodal_inputs=None), False),
         (SimpleNamespace(), False),
         (None, False),
     ],
@@ -129,8 +128,8 @@ def test_namespaced(obj, expected):
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ({"pp_size": 2}, "pp_size=2, attn_cp_size=1"),
-        ({"attn_cp_size": 2}, "pp_size=1, attn_cp_size=2"),
+        ({"pp_size": 2}, "pp_size=2: --pp-size"),
+        ({"attn_cp_size": 2}, "attn_cp_size=2: --attn-cp-size"),
         ({"enable_dp_attention": True, "dp_size": 2}, "dp_rank=None"),
         # DP replicas: the factory passes dp_rank=None to each, so both would be FlexKV's DP client 0
         # (FlexKV: dp_client_id = instance_id * dp_size + dp_rank)
@@ -142,14 +141,14 @@ def test_namespaced(obj, expected):
     ],
 )
 def test_the_bridge_serves_tensor_parallelism_only(args, match):
-    refusal = bridge_topology_refusal(SimpleNamespace(**args))
+    refusal = start_refusal(None, SimpleNamespace(**args))
     assert (refusal is None) if match is None else (match in str(refusal))
 
 
 @pytest.mark.parametrize(("backend", "refused"), [(None, False), ("", False), ("file", True), ("mooncake", True)])
 def test_a_hicache_storage_backend_is_refused_under_the_bridge(backend, refused):
-    refusal = hicache_storage_refusal(SimpleNamespace(hicache_storage_backend=backend))
-    assert (refusal is not None) == refused and hicache_storage_refusal(SimpleNamespace()) is None
+    refusal = start_refusal(None, SimpleNamespace(hicache_storage_backend=backend))
+    assert (refusal is not None) == refused and start_refusal(None, SimpleNamespace()) is None
     assert refusal is None or ("is_backuped" in str(refusal) and repr(backend) in str(refusal))
 
 
