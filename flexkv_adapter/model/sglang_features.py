@@ -61,7 +61,8 @@ OPTION_ROWS: tuple[Feature, ...] = (
              "preempt running requests, a release path FlexKV's in-flight copies were not proven against",
              "Run without --enable-priority-scheduling"),
     Feature("--chunked-prefill-size", OPTION, "served", "chunked prefill (SGLang's default): a chunk's checkpoint "
-            "stays in the device tree; FlexKV stores the whole prompt when the request finishes",
+            "stays in the device tree; FlexKV stores the whole prompt when the request finishes (the end-to-end run "
+            "prefills its 192-token prompts in 64-token chunks)",
             proof=f"{E2E}test_prompt_evicted_from_sglang_is_restored_by_flexkv_with_the_cold_tokens",
             control=f"{E2E}test_negative_control_a_perturbed_flexkv_cpu_copy_changes_the_tokens"),
 )  # fmt: skip

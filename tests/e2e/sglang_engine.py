@@ -35,6 +35,7 @@ from tests.flexkv_cpu.counters import read_counters
 PAGE = 16
 MAX_TOTAL_TOKENS = 640
 PROMPT = 192  # 12 pages
+CHUNK = 64  # SGLang prefills prompts in chunks of 4 pages (chunked prefill, its default, at a size the prompts exceed)
 SHARED = 96  # the partial prompt's pages in common with A
 NEW_TOKENS = 24
 A = prompt_ids([(7 * i + 3) % 400 for i in range(PROMPT)])
@@ -87,7 +88,7 @@ def main(model: str, state_dir: str) -> None:
     engine = sglang.Engine(
         model_path=model, device="cpu", attention_backend="torch_native", sampling_backend="pytorch",
         enable_flexkv=True, page_size=PAGE, max_total_tokens=MAX_TOTAL_TOKENS, dtype="bfloat16",
-        disable_cuda_graph=True, chunked_prefill_size=-1, max_running_requests=4, log_level="warning",
+        disable_cuda_graph=True, chunked_prefill_size=CHUNK, max_running_requests=4, log_level="warning",
         random_seed=0, skip_server_warmup=True, mem_fraction_static=0.8,
     )  # fmt: skip
     started = time.monotonic() - t0
@@ -110,7 +111,8 @@ def main(model: str, state_dir: str) -> None:
     finally:
         engine.shutdown()
     emit({"started_s": round(started, 1), "total_s": round(time.monotonic() - t0, 1), "stored_after_cold": stored_a,
-          "steps": run.steps, "counters": read_counters(state), "shared_pages": SHARED // PAGE})  # fmt: skip
+          "steps": run.steps, "counters": read_counters(state), "shared_pages": SHARED // PAGE,
+          "chunked_prefill_size": engine.server_args.chunked_prefill_size, "prompt": PROMPT})  # fmt: skip
 
 
 if __name__ == "__main__":

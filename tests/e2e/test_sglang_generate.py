@@ -84,6 +84,13 @@ def _step(run: dict[str, Any], name: str) -> dict[str, Any]:
     return step
 
 
+def test_prompts_are_prefilled_in_chunks(run):
+    """SGLang's default chunked prefill, at a size every prompt exceeds: its PrefillAdder cuts each prompt into
+    chunks of ``chunked_prefill_size`` tokens (managers/schedule_policy.py:932-942), so the restores below are
+    of prompts SGLang prefilled chunk by chunk."""
+    assert 0 < run["chunked_prefill_size"] < run["prompt"]
+
+
 def test_cold_run_is_served_by_nothing(run):
     cold = _step(run, "cold")
     assert cold["restored_blocks"] == 0 and not cold["cached_tokens"]
