@@ -89,11 +89,16 @@ def _boundary(
 def _as_is(record: Source) -> tuple[Geometry, Located, Interpretation, Planes] | None:
     """The reading of raw paged tensors FlexKV registers as they are; None: plan adapt()'s view instead.
 
-    A hybrid wrapper (also read through ``attrs=`` into a sub-pool: its mapping labels the layers), or planes
-    beside the KV (scales, an indexer), always go through adapt(): the hybrid policy and the labels are
-    decided there, once, for adapt() and plan() alike.
+    A hybrid wrapper (also read through ``attrs=`` into a sub-pool: its mapping labels the layers), planes
+    beside the KV (scales, an indexer), ``dtype=`` and ``attrs=`` into a sub-object always go through adapt():
+    the hybrid policy, the labels, the element type and the planes are decided there, once, for adapt() and
+    plan() alike.
     """
     if record.structure is not None or carries_planes(record.holder) or hybrid_markers(record.pool):
+        return None
+    # bytes read as another dtype, or tensors named inside a sub-object (whose planes adapt() finds): adapt()'s
+    # reading, so that plan(x, **o) reads the bytes plan(adapt(x, **o)) reads
+    if record.options.get("dtype") is not None or any("." in str(a) for a in record.options.get("attrs") or ()):
         return None
     geometry = resolve_geometry(record.holder, record.page_size, record.options)  # type: ignore[arg-type]
     located, interp, logical = recognise(record.holder, geometry, record.options, views=False)  # type: ignore[arg-type]
