@@ -62,9 +62,12 @@ def _int(name: str, value: object, minimum: int) -> int:
 
 def _choice(*allowed: str) -> Callable[[str, object], str]:
     def check(name: str, value: object) -> str:
-        if value not in allowed:
+        # a plain str read off the value's own characters: an array, or a str subclass whose == raises or lies,
+        # is judged by what it holds, never by its methods
+        plain = str.__add__("", value) if isinstance(value, str) else None
+        if plain not in allowed:
             raise AdapterError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {short_repr(value)}")
-        return value  # type: ignore[return-value]
+        return plain  # type: ignore[return-value]
 
     return check
 
