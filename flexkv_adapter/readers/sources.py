@@ -51,7 +51,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
         spec = load_spec(spec_source)
         given, label = merge_spec_options(spec, given), f"spec:{spec.name}"
         page_size = _spec_page_size(spec.name, given.pop("page_size", None), page_size)
-    refuse_unproven(pool)  # engine classes by their table; remapped rows by their markers
+    refuse_unproven(pool, given.get("attrs") or ())  # engine classes by their table; remapped rows by markers
     if not given.get("axes") and not given.get("attrs") and is_vllm_dict(pool):
         if unused := sorted(set(given) - {"kind", "layer_ids"}):
             raise AdapterError(

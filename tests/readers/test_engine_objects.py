@@ -102,3 +102,36 @@ def test_every_pool_row_decides_its_class_at_the_top_and_below_a_wrapper(row, at
         assert not allowed and type(pool).__name__ in str(exc) and "docs/sglang.md#features" in str(exc)
     else:
         assert allowed
+
+
+PATH_WAYS = {
+    "adapt-attrs": lambda p, a: adapt(p, attrs=[f"{a}.k_buffer", f"{a}.v_buffer"]),
+    "adapt-spec": lambda p, a: adapt(p, spec={"name": "s", "attrs": [f"{a}.k_buffer", f"{a}.v_buffer"], "axes": "N H D"}),
+    "plan-attrs": lambda p, a: plan(p, attrs=[f"{a}.k_buffer", f"{a}.v_buffer"]),
+}  # fmt: skip
+
+
+def nest(path: str, leaf: Any) -> Any:
+    """``leaf`` under a user's objects at the dotted ``path``."""
+    for part in reversed(path.split(".")):
+        leaf = Wrapper(part, leaf)
+    return leaf
+
+
+@pytest.mark.parametrize("way", PATH_WAYS)
+@pytest.mark.parametrize("path", ["inner", "main_pool", "full_kv_pool.full_kv_pool", "a.b.c"])
+def test_a_refused_pool_the_kv_is_read_from_through_attrs_is_refused(way, path):
+    pool = nest(path, engine_pool("PageInterleaveMHATokenToKVPool"))
+    with pytest.raises(UnsupportedFeatureError, match=rf"Wrapper\.{path} \(PageInterleaveMHATokenToKVPool\) is a"):
+        PATH_WAYS[way](pool, path)
+
+
+@pytest.mark.parametrize("way", PATH_WAYS)
+def test_negative_control_the_same_path_to_a_users_pool_is_adapted(way):
+    PATH_WAYS[way](nest("a.b", engine_pool("PageInterleaveMHATokenToKVPool", module="my_serving.pools")), "a.b")
+
+
+def test_a_refused_pool_two_sub_pool_levels_down_is_refused():
+    pool = nest("full_kv_pool.full_kv_pool", engine_pool("NoOpMHATokenToKVPool"))
+    with pytest.raises(UnsupportedFeatureError, match=r"full_kv_pool\.full_kv_pool \(NoOpMHATokenToKVPool\)"):
+        refuse_unproven(pool)

@@ -157,3 +157,40 @@ def test_sglangs_placeholder_pool_is_refused():
     assert pool.k_buffer[0].shape[0] == 16  # one page for a pool of 128 tokens
     with pytest.raises(UnsupportedFeatureError, match="NoOpMHATokenToKVPool is a placeholder pool"):
         adapt(pool)
+
+
+def _resolved(**kwargs):
+    """SGLang's own ServerArgs, resolved as the engine resolves it at start (no model needed for these)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path="dummy", **kwargs)
+    args.resolve_once()
+    return args
+
+
+def _prefill_cp():
+    """DeepSeek's MLA prefill context parallelism as SGLang 0.5.23 resolves it (model_overrides/deepseek_v2.py
+    205-210 declares attn_cp_size = tp): the raw field stays 1."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    args = _resolved(tp_size=8, enable_prefill_cp=True)
+    declare_resolution(args, "deepseek_v2 MLA CP", attn_dp_size=1, dp_size=1, attn_cp_size=8)
+    return args
+
+
+def test_options_are_judged_as_sglang_resolved_them():
+    from flexkv_adapter.integrations.sglang.refusals import option_refusal
+
+    assert option_refusal(_resolved()) is None  # SGLang's defaults
+    dp = _resolved(dp_size=2, enable_dp_attention=True)
+    assert "attn_dp_size=2: --enable-dp-attention is DP attention" in str(option_refusal(dp))
+    assert "attn_cp_size=8: --attn-cp-size" in str(option_refusal(_prefill_cp()))
+    # SGLang turns the speculative stack off when aux hidden states are returned: nothing to refuse
+    assert option_refusal(_resolved(speculative_algorithm="EAGLE3", enable_return_aux_hidden_states=True)) is None
+
+
+def test_negative_control_the_raw_fields_miss_what_sglang_resolved(monkeypatch):
+    from flexkv_adapter.integrations.sglang import refusals
+
+    monkeypatch.setattr(refusals, "resolved", lambda args: args)  # read the fields as typed
+    assert refusals.option_refusal(_prefill_cp()) is None  # context parallelism would be served

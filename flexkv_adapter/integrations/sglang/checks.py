@@ -184,7 +184,20 @@ def flexkv_itemsize(model_config: Any, server_args: Any, environ: Any = os.envir
     return (dtype.itemsize, f"the model dtype {dtype}") if isinstance(dtype, torch.dtype) else (None, "")
 
 
+def resolved(server_args: Any) -> Any:
+    """What SGLang decided, not what the user typed: SGLang 0.5.23's resolution hooks keep their results beside
+    the raw fields (``_resolved_overrides``; ``--dp-size 2 --enable-dp-attention`` becomes ``attn_dp_size=2,
+    dp_size=1``, MLA prefill CP sets ``attn_cp_size``), read through its own ``resolved_view``."""
+    if not getattr(server_args, "_resolved_overrides", None):
+        return server_args
+    try:
+        return importlib.import_module("sglang.srt.arg_groups.model_override_base").resolved_view(server_args)
+    except (ImportError, AttributeError):  # an SGLang without the view keeps no overrides either
+        return server_args
+
+
 def connector_facts(model_config: Any, server_args: Any, pp_rank: int, api: FlexKVApi) -> ConnectorFacts:
+    server_args = resolved(server_args)
     layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
     if layers <= 0:
         raise AdapterError("the model config has no num_hidden_layers; FlexKV's connector needs it for its layout")

@@ -10,6 +10,7 @@ import torch
 
 from ...errors import AdapterError, UnsupportedFeatureError
 from ...model.sglang_features import OPTION, SGLANG
+from .checks import resolved
 
 INDEXER = "index_k_with_scale_buffer"
 
@@ -74,6 +75,7 @@ def _on(value: Any, example: Any) -> bool:
 def option_refusal(server_args: Any) -> AdapterError | None:
     """The first server option the feature table refuses that ``server_args`` turns on: the one place options are
     refused, on every connector path (the bridge, FlexKV's own connector, the in-tree one)."""
+    server_args = resolved(server_args)
     for row in SGLANG.of_kind(OPTION):
         if row.verdict != "refused" or not row.trigger:
             continue
