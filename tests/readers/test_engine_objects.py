@@ -104,11 +104,15 @@ def test_every_pool_row_decides_its_class_at_the_top_and_below_a_wrapper(row, at
         assert allowed
 
 
+def _kv(a: str) -> list[str]:
+    return [f"{a}.k_buffer", f"{a}.v_buffer"]
+
+
 PATH_WAYS = {
-    "adapt-attrs": lambda p, a: adapt(p, attrs=[f"{a}.k_buffer", f"{a}.v_buffer"]),
-    "adapt-spec": lambda p, a: adapt(p, spec={"name": "s", "attrs": [f"{a}.k_buffer", f"{a}.v_buffer"], "axes": "N H D"}),
-    "plan-attrs": lambda p, a: plan(p, attrs=[f"{a}.k_buffer", f"{a}.v_buffer"]),
-}  # fmt: skip
+    "adapt-attrs": lambda p, a: adapt(p, attrs=_kv(a)),
+    "adapt-spec": lambda p, a: adapt(p, spec={"name": "s", "attrs": _kv(a), "axes": "N H D"}),
+    "plan-attrs": lambda p, a: plan(p, attrs=_kv(a)),
+}
 
 
 def nest(path: str, leaf: Any) -> Any:
