@@ -108,6 +108,19 @@ class FeatureTable:
         return "\n".join(out).rstrip() + "\n"
 
 
+def turned_on(value: Any, example: Any) -> bool:
+    """Whether a setting's ``value`` turns its feature on, judged by the kind of value that does (the row's
+    trigger example): a flag set (True), a size above 1 (an int), a name given (a str: any non-empty one), an
+    object given (``object``: anything but None)."""
+    if example is object:
+        return value is not None
+    if isinstance(example, bool):
+        return value is True
+    if isinstance(example, int):
+        return isinstance(value, int) and not isinstance(value, bool) and value > 1
+    return isinstance(value, str) and value != ""
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 

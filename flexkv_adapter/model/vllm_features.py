@@ -27,6 +27,13 @@ MULTIMODAL = f"{T}test_vllm_lifecycle_state.py::test_multimodal_requests_with_th
 HISPARSE = "a HiSparse group: its blocks hold a hot subset of tokens, not the prompt's positions"
 
 
+def _parallel(name: str, setting: str, reason: str) -> Feature:
+    instead = f"Run with {name}=1 to use FlexKV"
+    return Feature(
+        name, OPTION, "refused", reason, where=START, instead=instead, trigger=(f"parallel_config.{setting}", 2)
+    )
+
+
 def _spec(name: str, reason: str, instead: str = PLAIN) -> Feature:
     return Feature(name, SPEC, "refused", reason, where=START, instead=instead)
 
@@ -79,7 +86,20 @@ OTHER_ROWS: tuple[Feature, ...] = (
             control=NAMESPACES_CONTROL),
     Feature("speculative decoding", OPTION, "refused", "speculative decoding (speculative_config): draft-model "
             "layers and their blocks beside the target's were never proven with FlexKV", where=START,
-            instead="Run without speculative decoding to use FlexKV", trigger=("speculative_config", "set")),
+            instead="Run without speculative decoding to use FlexKV", trigger=("speculative_config", object)),
+    Feature("--tensor-parallel-size", OPTION, "served", "tensor parallelism (proven at TP 2: every worker's "
+            "registration, loads and failures aggregated by vLLM's KVOutputAggregator)",
+            proof=f"{T}test_vllm_lifecycle_loads.py::test_at_tp2_every_worker_reports_the_failure_and_vllm_"
+            "aggregates_it", control=BROKEN),
+    _parallel("--pipeline-parallel-size", "pipeline_parallel_size", "pipeline parallelism: each stage registers "
+              "its own layers with FlexKV; unproven"),
+    _parallel("--decode-context-parallel-size", "decode_context_parallel_size", "decode context parallelism: a "
+              "block spans block_size x dcp tokens spread across ranks, while FlexKV's slot mapping counts "
+              "block_size tokens a block"),
+    _parallel("--prefill-context-parallel-size", "prefill_context_parallel_size", "prefill context parallelism: "
+              "each rank holds part of every block; unproven"),
+    _parallel("--data-parallel-size", "data_parallel_size", "data parallelism: every DP rank runs its own "
+              "scheduler and FlexKV client; unproven"),
     Feature("kv_load_failure_policy=fail", OPTION, "served", "vLLM's default: a failed FlexKV load ends the "
             "request with an error, never served as a hit", proof=f"{T}test_vllm_lifecycle_loads.py::test_failed_"
             "load_with_fail_policy_ends_the_request_with_an_error", control=f"{T}test_vllm_lifecycle_loads.py::"
@@ -90,20 +110,20 @@ OTHER_ROWS: tuple[Feature, ...] = (
             "without_the_wrappers_a_failed_load_is_served_as_a_hit"),
     Feature("kv_load_failure_policy=recompute (V2 GPU model runner)", OPTION, "refused", "vLLM's V2 GPU model "
             "runner recomputes a rejected load from a stale offset (vllm#49250, open: wrong output)", where=START,
-            instead="Keep kv_load_failure_policy=fail (the default), or set VLLM_USE_V2_MODEL_RUNNER=0",
-            trigger=("kv_load_failure_policy", "recompute")),
+            instead="Keep kv_load_failure_policy=fail (the default), or set VLLM_USE_V2_MODEL_RUNNER=0"),
     Feature("sleep mode (vLLM 0.33)", OPTION, "served", "FlexKV unmaps vLLM's KV memory before sleep and registers "
             "it again on wake", proof=f"{T}test_vllm_lifecycle_state.py::test_sleep_then_wake_then_store_and_hit_"
             "again", control=f"{T}test_vllm_lifecycle_state.py::test_negative_control_without_the_wrappers_sleep_"
             "leaves_flexkv_mapped"),
     Feature("sleep mode (vLLM 0.32)", OPTION, "refused", "vLLM 0.32's connector base has no sleep/wake hooks, so "
             "nothing would tell FlexKV that vLLM freed the KV memory it copies to", where=START,
-            instead="Turn sleep mode off, or use vLLM 0.33", trigger=("enable_sleep_mode", True)),
+            instead="Turn sleep mode off, or use vLLM 0.33"),
     Feature("attention backends", "attention backend", "served", "classified by the KV cache layout they ask for; "
             "every layout is read right or refused (docs/vllm.md#layouts)",
             proof=f"{T}test_vllm_layouts.py::test_every_layout_and_kind_is_adapted_right_or_refused", control=BROKEN),
 )  # fmt: skip
 
+RECOMPUTE_V2 = "kv_load_failure_policy=recompute (V2 GPU model runner)"
 VLLM = FeatureTable("vLLM 0.32/0.33", "docs/vllm.md#features", SPEC_ROWS + OTHER_ROWS)
 
-__all__ = ["OPTION", "REQUEST", "SPEC", "VLLM"]
+__all__ = ["OPTION", "RECOMPUTE_V2", "REQUEST", "SPEC", "VLLM"]

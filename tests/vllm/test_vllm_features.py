@@ -149,3 +149,24 @@ def test_a_uniform_group_with_one_sliding_window_layer_is_refused(plugged, tmp_p
 
 def test_the_spec_builder_is_vllms_own():
     assert type(spec_of("mha3")).__module__ == "vllm.v1.kv_cache_interface"
+
+
+def test_every_option_trigger_is_a_setting_of_vllms_config_and_off_by_default():
+    from flexkv_adapter.model.features import turned_on
+    from flexkv_adapter.model.vllm_features import OPTION
+
+    from .build import vllm_config
+
+    config, missing = vllm_config(), []
+    for row in VLLM.of_kind(OPTION):
+        if not row.trigger:
+            continue
+        obj = config
+        for part in row.trigger[0].split("."):
+            if not hasattr(obj, part):
+                missing.append(row.trigger[0])
+                break
+            obj = getattr(obj, part)
+        else:
+            assert not turned_on(obj, row.trigger[1]), row.name  # vLLM's default starts
+    assert missing == []

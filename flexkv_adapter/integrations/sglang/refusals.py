@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ...errors import AdapterError, UnsupportedFeatureError
+from ...model.features import turned_on
 from ...model.sglang_features import OPTION, SGLANG
 from .checks import resolved
 
@@ -62,16 +63,6 @@ def own_connector_refusal(pool: Any) -> AdapterError | None:
     return None
 
 
-def _on(value: Any, example: Any) -> bool:
-    """Whether a server setting turns its feature on, judged by the kind of value that does (the row's example):
-    a flag set, a size above 1, a name given."""
-    if isinstance(example, bool):
-        return value is True
-    if isinstance(example, int):
-        return isinstance(value, int) and not isinstance(value, bool) and value > 1
-    return isinstance(value, str) and value != ""
-
-
 def option_refusal(server_args: Any) -> AdapterError | None:
     """The first server option the feature table refuses that ``server_args`` turns on: the one place options are
     refused, on every connector path (the bridge, FlexKV's own connector, the in-tree one)."""
@@ -81,7 +72,7 @@ def option_refusal(server_args: Any) -> AdapterError | None:
             continue
         setting, example = row.trigger
         value = getattr(server_args, setting, None)
-        if _on(value, example):
+        if turned_on(value, example):
             return UnsupportedFeatureError(f"{setting}={value!r}: {SGLANG.refusal(row.name, OPTION)}")
     return None
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import UnsupportedFeatureError
-from ...model.features import table_name
-from ...model.vllm_features import OPTION, SPEC, VLLM
+from ...model.features import table_name, turned_on
+from ...model.vllm_features import OPTION, RECOMPUTE_V2, SPEC, VLLM
 
 PREFIXES = ("vllm.",)
 
@@ -52,17 +52,25 @@ def _v2_gpu_runner(vllm_config: Any) -> bool:
 
 
 def check_options(vllm_config: Any) -> None:
-    """Refuse the options the table refuses: speculative decoding, and recompute on the V2 GPU model runner."""
-    problems = []
-    if getattr(vllm_config, "speculative_config", None) is not None:
-        problems.append(("speculative decoding", "speculative_config is set"))
+    """Refuse the options the table refuses: every refused row with a trigger (read off ``vllm_config`` along its
+    dotted path), and recompute on the V2 GPU model runner (a rule of two settings)."""
+    for row in VLLM.of_kind(OPTION):
+        if row.verdict != "refused" or not row.trigger:
+            continue
+        setting, example = row.trigger
+        value = _read(vllm_config, setting)
+        if turned_on(value, example):
+            shown = "set" if example is object else repr(value)
+            raise UnsupportedFeatureError(f"flexkv_adapter ({setting}={shown}): {VLLM.refusal(row.name, OPTION)}")
     transfer = getattr(vllm_config, "kv_transfer_config", None)
-    policy = getattr(transfer, "kv_load_failure_policy", None)
-    if policy == "recompute" and _v2_gpu_runner(vllm_config):
-        problems.append(("kv_load_failure_policy=recompute (V2 GPU model runner)", "the V2 model runner on a GPU"))
-    if problems:
-        name, why = problems[0]
-        raise UnsupportedFeatureError(f"flexkv_adapter ({why}): {VLLM.refusal(name, OPTION)}")
+    if getattr(transfer, "kv_load_failure_policy", None) == "recompute" and _v2_gpu_runner(vllm_config):
+        raise UnsupportedFeatureError(f"flexkv_adapter: {VLLM.refusal(RECOMPUTE_V2, OPTION)}")
+
+
+def _read(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 __all__ = ["check_options", "check_specs"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 
 from flexkv_adapter import UnsupportedFeatureError
 from flexkv_adapter.integrations.vllm import features
-from flexkv_adapter.model.vllm_features import SPEC, VLLM
+from flexkv_adapter.model.vllm_features import OPTION, SPEC, VLLM
 
 MODULE = "vllm.v1.kv_cache_interface"
 
@@ -76,3 +77,31 @@ def test_recompute_is_refused_on_the_v2_gpu_model_runner_only(monkeypatch, polic
 
 def test_without_vllm_no_runner_is_a_gpu_runner():
     assert features._v2_gpu_runner(SimpleNamespace(use_v2_model_runner=True)) is False
+
+
+TRIGGERED = [r for r in VLLM.of_kind(OPTION) if r.verdict == "refused" and r.trigger]
+
+
+def _config(path: str, value: Any) -> Any:
+    """A vllm_config-shaped object with ``value`` at the dotted ``path`` (and nothing else set)."""
+    head, _, rest = path.partition(".")
+    return SimpleNamespace(**{head: _config(rest, value) if rest else value})
+
+
+@pytest.mark.parametrize("row", TRIGGERED, ids=lambda r: r.name)
+def test_every_refused_option_with_a_setting_is_refused_at_start(row):
+    setting, example = row.trigger
+    on = object() if example is object else example
+    with pytest.raises(UnsupportedFeatureError, match=rf"\({setting}=.*\): {re.escape(row.name)} is "):
+        features.check_options(_config(setting, on))
+    off = None if example is object else (1 if isinstance(example, int) else None)
+    features.check_options(_config(setting, off))  # negative control: the same setting off starts
+
+
+def test_parallelism_other_than_tensor_parallelism_is_refused():
+    assert {r.trigger[0] for r in TRIGGERED} >= {
+        "parallel_config.pipeline_parallel_size",
+        "parallel_config.decode_context_parallel_size",
+        "parallel_config.prefill_context_parallel_size",
+        "parallel_config.data_parallel_size",
+    }
