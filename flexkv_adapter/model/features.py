@@ -1,9 +1,11 @@
 """What each engine feature gets from the adapter: served (proven), bypassed per request, or refused.
 
 One :class:`FeatureTable` per engine (:mod:`.sglang_features`, :mod:`.vllm_features`) names every KV pool
-class, KV cache spec type and option the plugins and :func:`~flexkv_adapter.adapt` can meet. The table is
-the one place such a feature is decided: what it does not name is refused (default deny), by an error that
-names the feature and points at the table, never served because nothing stopped it.
+class and KV cache spec type the engine defines (each engine tier's completeness test enumerates them), and
+the options and request features that change the KV or the prefix cache. The table is the one place such a
+feature is decided: a class or spec type it does not name is refused (default deny), by an error that names
+it and points at the table, never served because nothing stopped it. Options are the rows listed; an option
+the engine adds later is not judged until a row names it.
 """
 
 from __future__ import annotations
