@@ -54,6 +54,16 @@ def admit_plan(p: FlexKVPlan, source: str) -> None:
         logger.info("%s: one tensor under several layer names (KV sharing): %s", source, "; ".join(warnings))
 
 
+def readmit(p: FlexKVPlan) -> None:
+    """A plan's tensors through the gate again, every group together, when it is registered: what plan() checked
+    may have changed since (a storage freed or resized, tensors swapped for meta ones in a rebuilt plan)."""
+    where = f"register({p})"
+    if p.groups:
+        admit(where, [Group(g.name, tuple(g.tensors), None) for g in p.groups])
+    else:
+        admit(where, [Group("KV", tuple(p.tensors), None)])
+
+
 def check_five_d(p: FlexKVPlan, source: str) -> None:
     """5-D per-layer tensors: FlexKV's probe and its layout-stride workers must agree."""
     if p.tensors[0].ndim != 5:

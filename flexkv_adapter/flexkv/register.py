@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ..errors import AdapterError
 from ..text import short_repr
+from .checks import readmit
 from .groups import check_model_groups, registration
 from .model import check_against_model_config
 from .plan import FlexKVPlan, plan
@@ -62,6 +63,12 @@ def register(
     send = _register_method(client)
     _check_retry_options(attempts, interval_s, override_device_id)
     if isinstance(source, FlexKVPlan):
+        if plan_options:
+            raise AdapterError(
+                f"register() of a FlexKVPlan takes no plan options ({', '.join(sorted(plan_options))} would be "
+                f"ignored: the plan is already made); pass them to plan(), or register the source instead"
+            )
+        readmit(source)  # its tensors, as they are now: a storage freed or swapped since planning is refused
         if model_config is not None:
             check_against_model_config(source, model_config)
         p = source

@@ -121,3 +121,31 @@ def test_programming_errors_in_the_client_are_not_retried(fake_flexkv, error):
     with pytest.raises(type(error)):
         register(_view(), client, interval_s=0)
     assert len(client.calls) == 1
+
+
+def test_a_plan_whose_storage_was_freed_after_planning_is_refused_at_registration(fake_flexkv):
+    pool = SGLangLikeMHAPool(size=48, page_size=16, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=2)
+    p, client = plan(adapt(pool)), RecordingClient()
+    register(p, RecordingClient())  # negative control: the same plan, its memory alive, registers
+    pool.k_buffer[1].untyped_storage().resize_(0)  # freed under the plan
+    with pytest.raises(AdapterError, match=r"register\(.*KV\[1\]"):
+        register(p, client)
+    assert client.calls == []
+
+
+def test_a_plan_of_meta_tensors_is_refused_at_registration(fake_flexkv):
+    import dataclasses
+
+    p, client = plan(_view()), RecordingClient()
+    meta = dataclasses.replace(p, tensors=tuple(t.to("meta") for t in p.tensors))
+    with pytest.raises(AdapterError, match="KV\\[0\\]"):
+        register(meta, client)
+    assert client.calls == []
+
+
+@pytest.mark.parametrize("typo", ["attempt", "tp_sise", "model_dtpye"])
+def test_plan_options_given_with_a_plan_are_refused_not_ignored(fake_flexkv, typo):
+    client = RecordingClient()
+    with pytest.raises(AdapterError, match=f"takes no plan options \\({typo} would be ignored"):
+        register(plan(_view()), client, **{typo: 3})
+    assert client.calls == []
