@@ -12,6 +12,7 @@ is the one path that hands these entries to FlexKV (``plan()`` refuses them): it
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
@@ -34,15 +35,26 @@ def _squeezed(t: torch.Tensor) -> torch.Tensor:
     return t.squeeze(1) if isinstance(t, torch.Tensor) and t.ndim == 4 and t.shape[1] == 1 else t
 
 
-def check_indexer(entries: Mapping[str, torch.Tensor], *, num_block: int, tokens_per_block: int) -> None:
-    """Refuse indexer entries FlexKV would misread; ``num_block``/``tokens_per_block``: the main KV's plan."""
+def check_indexer(
+    entries: Mapping[str, torch.Tensor],
+    *,
+    num_block: int,
+    tokens_per_block: int,
+    main: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """Refuse indexer entries FlexKV would misread; ``num_block``/``tokens_per_block``: the main KV's plan, and
+    ``main`` its entries (name -> tensor, in the dict's order), which FlexKV registers beside them."""
     if not entries:
         return
     where = "vLLM indexer caches (FlexKV registers them as its second layer group)"
     tensors = tuple(entries.values())
     if bad := next((n for n, t in entries.items() if not isinstance(t, torch.Tensor)), None):
         raise NotAddressableError(f"{where}: {bad} is {type(entries[bad]).__name__}, not a tensor")
-    admit(where, [Group("indexer", tensors, None, 1)])  # memory, a row, no bytes shared between two entries
+    groups = [Group("indexer", tensors, None, 1)]
+    if main is not None:
+        _check_layers(where, list(entries), list(main))
+        groups.insert(0, Group("KV", tuple(main.values()), None, 1))
+    admit(where, groups)  # memory, a row, no byte shared between two entries, nor between an entry and the KV
     first_name, first = next(iter(entries.items()))
     if first.ndim != 3:
         raise NotAddressableError(
@@ -70,6 +82,28 @@ def check_indexer(entries: Mapping[str, torch.Tensor], *, num_block: int, tokens
             f"{where}: {first_name} has {tokens}-token blocks; FlexKV's compress ratio is "
             f"{tokens_per_block} // {tokens} (the main KV's block over the indexer's), which must divide exactly"
         )
+
+
+def _check_layers(where: str, indexer: list[str], main: list[str]) -> None:
+    """FlexKV gives the indexer entry i the layer index i (``layer_indices=range(len(indexer))``, :936-944) and
+    the main KV entry i the same: one entry per main layer, in the main layers' order, or it restores one layer's
+    indexer into another's (or none at all)."""
+    if len(indexer) != len(main):
+        raise InconsistentLayersError(
+            f"{where}: {len(indexer)} indexer entries for {len(main)} KV layers; FlexKV registers indexer entry i "
+            f"as layer i, so every layer needs its own, in the KV's order"
+        )
+    layers_of = [_layer(n) for n in indexer], [_layer(n) for n in main]
+    if None in layers_of[0] or None in layers_of[1] or layers_of[0] != layers_of[1]:
+        raise InconsistentLayersError(
+            f"{where}: the indexer entries' layers {layers_of[0]} are not the KV entries' {layers_of[1]}, in order "
+            f"(read from their names); FlexKV pairs them by position"
+        )
+
+
+def _layer(name: str) -> int | None:
+    found = re.search(r"(?:^|\.)(\d+)\.", name)
+    return int(found.group(1)) if found else None
 
 
 __all__ = ["FLEXKV_INDEXER_MARK", "check_indexer", "indexer_entries"]

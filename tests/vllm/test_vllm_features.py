@@ -24,7 +24,8 @@ from .build import allocate, connector_config, spec_of
 from .test_vllm_plugin import registrations, roles
 
 ROOT_CLASS = "KVCacheSpec"
-INDEXER = "model.layers.0.self_attn.indexer.k_cache"
+INDEXERS = [f"model.layers.{i}.self_attn.indexer.k_cache" for i in range(3)]  # one per layer
+INDEXER = INDEXERS[0]
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -112,11 +113,11 @@ def _uniform(kv_cache_config, indexer_spec):
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
     group = kv_cache_config.kv_cache_groups[0]
-    layers = {name: group.kv_cache_spec for name in group.layer_names} | {INDEXER: indexer_spec}
+    layers = {name: group.kv_cache_spec for name in group.layer_names} | dict.fromkeys(INDEXERS, indexer_spec)
     uniform = UniformTypeKVCacheSpecs.from_specs(layers) or UniformTypeKVCacheSpecs(
         block_size=group.kv_cache_spec.block_size, kv_cache_specs=layers
     )
-    groups = [dataclasses.replace(group, kv_cache_spec=uniform, layer_names=[*group.layer_names, INDEXER])]
+    groups = [dataclasses.replace(group, kv_cache_spec=uniform, layer_names=[*group.layer_names, *INDEXERS])]
     return dataclasses.replace(kv_cache_config, kv_cache_groups=groups), uniform
 
 
@@ -127,13 +128,14 @@ def test_a_uniform_group_of_mla_and_its_indexer_is_registered_whole(plugged, tmp
     indexer_spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=132, dtype=torch.uint8)
     config, uniform = _uniform(kv_cache_config, indexer_spec)
     assert type(uniform) is UniformTypeKVCacheSpecs and UniformTypeKVCacheSpecs.is_uniform_type(uniform.kv_cache_specs)
-    (vllms,) = allocate("LBNHC", "mla", layers=1, spec=indexer_spec)[0].values()
-    kv_caches[INDEXER] = vllms
+    vllms = list(allocate("LBNHC", "mla", layers=3, spec=indexer_spec)[0].values())
+    kv_caches.update(zip(INDEXERS, vllms))
     worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, config)
     worker.register_kv_caches(kv_caches)
     (sent,) = registrations()
-    main, (indexer,) = sent["handles_per_group"]
-    assert len(main) == 3 and indexer.data_ptr() == vllms.data_ptr() and torch.equal(indexer, vllms[:, 0])
+    main, indexer = sent["handles_per_group"]
+    assert len(main) == 3 and [t.data_ptr() for t in indexer] == [t.data_ptr() for t in vllms]
+    assert all(torch.equal(got, view[:, 0]) for got, view in zip(indexer, vllms))
 
 
 def test_a_uniform_group_with_one_sliding_window_layer_is_refused(plugged, tmp_path):

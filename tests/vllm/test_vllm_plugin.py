@@ -19,6 +19,41 @@ from .build import allocate, connector_config
 from .conftest import _drop_flexkv
 from .test_vllm_layouts import EXPECTED, assert_flexkv_reads_vllm
 
+INDEXERS = [f"model.layers.{i}.self_attn.indexer.k_cache" for i in range(3)]  # DeepSeek-V3.2: one per layer
+
+
+@pytest.mark.parametrize(
+    ("names", "refusal"),
+    [
+        (INDEXERS[:1], "1 indexer entries for 3 KV layers"),  # layers 1 and 2 would keep no indexer in FlexKV
+        ([INDEXERS[1], INDEXERS[0], INDEXERS[2]], r"layers \[1, 0, 2\] are not the KV entries' \[0, 1, 2\]"),
+    ],
+)
+def test_indexer_entries_that_are_not_one_per_layer_in_order_fail_start_up(plugged, tmp_path, names, refusal):
+    from flexkv_adapter import InconsistentLayersError
+
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", "mla")
+    for name in names:
+        kv_caches[name] = torch.zeros(5, 64, 132, dtype=torch.uint8)
+    worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, kv_cache_config)
+    with pytest.raises(InconsistentLayersError, match=refusal):
+        worker.register_kv_caches(kv_caches)
+    assert registrations() == []
+
+
+def test_an_indexer_entry_inside_the_kv_fails_start_up(plugged, tmp_path):
+    from flexkv_adapter import InconsistentLayersError
+
+    kv_caches, kv_cache_config, _ = allocate("LBNHC", "mla")
+    backing = next(iter(kv_caches.values()))
+    inside = torch.empty(0, dtype=torch.uint8).set_(backing.untyped_storage())[: 5 * 64 * 132].view(5, 64, 132)
+    kv_caches.update(dict.fromkeys(INDEXERS[:2], torch.zeros(5, 64, 132, dtype=torch.uint8)))
+    kv_caches[INDEXERS[2]] = inside  # FlexKV's indexer block b lands inside KV blocks: it would overwrite them
+    worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, kv_cache_config)
+    with pytest.raises(InconsistentLayersError, match=r"KV\[0\] and indexer\[2\] share bytes"):
+        worker.register_kv_caches(kv_caches)
+    assert registrations() == []
+
 
 def roles():
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -128,7 +163,8 @@ def test_the_entry_point_is_declared_for_vllm():
 @pytest.mark.parametrize(("case", "accepted"), [("mla", True), ("mla128", False)])
 def test_indexer_entries_go_through_flexkvs_own_split_only_when_it_reads_the_same(plugged, tmp_path, case, accepted):
     kv_caches, kv_cache_config, _ = allocate("LBNHC", case)
-    kv_caches["model.layers.0.self_attn.indexer.k_cache"] = torch.zeros(5, 64, 132, dtype=torch.uint8)
+    for name in INDEXERS:  # one per layer: FlexKV pairs indexer entry i with layer i
+        kv_caches[name] = torch.zeros(5, 64, 132, dtype=torch.uint8)
     worker = plugged(connector_config(tmp_path, case), roles().WORKER, kv_cache_config)
     if not accepted:  # kernel blocks regrouped: FlexKV's own split would take 64-token blocks
         with pytest.raises(NotAddressableError, match="indexer"):
@@ -138,6 +174,7 @@ def test_indexer_entries_go_through_flexkvs_own_split_only_when_it_reads_the_sam
     worker.register_kv_caches(kv_caches)
     (sent,) = registrations()
     assert (sent["kv_layout"].num_kv_heads, sent["kv_layout"].tokens_per_block, len(sent["kv_caches"])) == (1, 64, 3)
+    assert len(sent["handles_per_group"][1]) == 3
 
 
 def test_vllms_own_one_head_indexer_views_reach_flexkvs_split_as_the_3d_caches_it_reads(plugged, tmp_path):
@@ -147,16 +184,17 @@ def test_vllms_own_one_head_indexer_views_reach_flexkvs_split_as_the_3d_caches_i
 
     kv_caches, kv_cache_config, _ = allocate("LBNHC", "mla")
     spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=132, dtype=torch.uint8)  # the indexer's
-    (vllms,) = allocate("LBNHC", "mla", layers=1, spec=spec)[0].values()  # vLLM's own allocation: 4-D
-    assert vllms.shape == (5, 1, 64, 132)
-    kv_caches["model.layers.0.self_attn.indexer.k_cache"] = vllms
+    vllms = list(allocate("LBNHC", "mla", layers=3, spec=spec)[0].values())  # vLLM's own allocation: 4-D
+    assert vllms[0].shape == (5, 1, 64, 132)
+    kv_caches.update(zip(INDEXERS, vllms))
     worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, kv_cache_config)
     worker.register_kv_caches(kv_caches)
     (sent,) = registrations()
     main, indexer = sent["handles_per_group"]
-    (got,) = indexer
-    assert got.shape == (5, 64, 132) and got.data_ptr() == vllms.data_ptr() and got.is_contiguous()
-    assert torch.equal(got, vllms[:, 0]) and len(main) == 3
+    assert len(main) == 3 and len(indexer) == 3
+    for got, view in zip(indexer, vllms):
+        assert got.shape == (5, 64, 132) and got.data_ptr() == view.data_ptr() and got.is_contiguous()
+        assert torch.equal(got, view[:, 0])
     assert sent["gpu_layouts"][1].num_block == 5 and sent["gpu_layouts"][1].tokens_per_block == 64
 
 
@@ -169,7 +207,8 @@ def test_vllms_own_one_head_indexer_views_reach_flexkvs_split_as_the_3d_caches_i
 )
 def test_indexer_entries_flexkv_would_misread_fail_start_up_before_it_sees_them(plugged, tmp_path, indexer, refusal):
     kv_caches, kv_cache_config, _ = allocate("LBNHC", "mla")
-    kv_caches["model.layers.0.self_attn.indexer.k_cache"] = indexer()
+    for name in INDEXERS:
+        kv_caches[name] = indexer()
     worker = plugged(connector_config(tmp_path, "mla"), roles().WORKER, kv_cache_config)
     with pytest.raises(NotAddressableError, match=refusal):
         worker.register_kv_caches(kv_caches)

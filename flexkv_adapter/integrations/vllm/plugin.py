@@ -241,7 +241,7 @@ def _plan(
         total_kv_heads=total,
         content=facts["content"],
     )
-    check_indexer(indexer, num_block=p.num_block, tokens_per_block=p.tokens_per_block)
+    check_indexer(indexer, num_block=p.num_block, tokens_per_block=p.tokens_per_block, main=main)
     return p, indexer
 
 
