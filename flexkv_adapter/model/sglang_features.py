@@ -16,6 +16,7 @@ NAMESPACES_CONTROL = (
     f"{T}test_sglang_bridge_namespaces.py::test_negative_control_shared_namespaces_serve_the_base_request_kv_to_a_lora"
 )
 E2E = "tests/e2e/test_sglang_generate.py::"
+RETRACT = f"{T}test_sglang_bridge_retract.py::"
 
 
 def _refused(name: str, setting: str, value: object, reason: str, instead: str) -> Feature:
@@ -76,6 +77,12 @@ REQUEST_ROWS: tuple[Feature, ...] = (
     Feature("multimodal inputs", REQUEST, "bypassed", "image and audio tokens reach FlexKV as pad ids derived from "
             "the input's hash, unproven as keys: such a request neither looks up nor stores in FlexKV",
             proof=f"{NAMESPACES}[multimodal]", control=NAMESPACES_CONTROL),
+    Feature("retraction", REQUEST, "served", "a decoding request retracted under memory pressure (release_req): "
+            "its slots are freed with no FlexKV task left for it, an in-flight store keeps its slots through the "
+            "retraction's eviction, and the re-admitted request is restored byte-exact",
+            proof=f"{RETRACT}test_a_retracted_request_frees_its_slots_and_is_restored_byte_exact_when_admitted_again",
+            control=f"{RETRACT}test_negative_control_without_the_store_lock_the_retractions_eviction_hands_out_slots_"
+            "flexkv_still_copies"),
 )  # fmt: skip
 
 SGLANG = FeatureTable("SGLang 0.5.23", "docs/sglang.md#features", POOL_ROWS + OPTION_ROWS + REQUEST_ROWS)
