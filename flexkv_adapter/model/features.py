@@ -112,15 +112,15 @@ class FeatureTable:
 
 def turned_on(value: Any, example: Any) -> bool:
     """Whether a setting's ``value`` turns its feature on, judged by the kind of value that does (the row's
-    trigger example): a flag set (True), a size above 1 (an int), a name given (a str: any non-empty one), an
-    object given (``object``: anything but None)."""
+    trigger example): a flag set (True), a size above 1 (an int), a name given (a str other than the spellings
+    of none: "", "null", "none"), an object given (``object``: anything but None)."""
     if example is object:
         return value is not None
     if isinstance(example, bool):
         return value is True
     if isinstance(example, int):
         return isinstance(value, int) and not isinstance(value, bool) and value > 1
-    return isinstance(value, str) and value != ""
+    return isinstance(value, str) and value.lower() not in ("", "null", "none")
 
 
 def _cell(text: str) -> str:

@@ -58,6 +58,10 @@ OPTION_ROWS: tuple[Feature, ...] = (
     _refused("--speculative-algorithm", "speculative_algorithm", "EAGLE", "speculative decoding: FlexKVRadixCache "
              "stores by speculative_eagle_topk and FlexKV registers the target model's pool only (the draft "
              "model's KV is not offloaded); unproven", "Run without speculative decoding to use FlexKV"),
+    _refused("--disaggregation-mode", "disaggregation_mode", "decode", "prefill/decode disaggregation: the KV "
+             "moves between servers outside FlexKV, and a decode server's retraction backup calls "
+             "FlexKVRadixCache.backup_kv_cache, which it lacks (mem_cache/common.py:358); unproven",
+             "Run without PD disaggregation to use FlexKV"),
     _refused("--enable-priority-scheduling", "enable_priority_scheduling", True, "priority scheduling: it can "
              "preempt running requests, a release path FlexKV's in-flight copies were not proven against",
              "Run without --enable-priority-scheduling"),

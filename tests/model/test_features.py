@@ -96,3 +96,18 @@ def test_engine_classes_are_told_by_their_mro():
     # a user's subclass is not the engine's class, whatever its name: no table names it
     assert table_name(engine, prefixes) == "MHATokenToKVPool"
     assert table_name(users, prefixes) == "my_serving.pools.MHATokenToKVPool"
+
+
+@pytest.mark.parametrize(
+    ("value", "example", "on"),
+    [
+        (True, True, True), (False, True, False), (1, True, False),  # a flag: only True
+        (2, 2, True), (1, 2, False), (True, 2, False), (None, 2, False),  # a size: above 1, never a bool
+        ("file", "x", True), ("", "x", False), ("null", "x", False), ("None", "x", False), (3, "x", False),
+        (object(), object, True), (None, object, False),  # an object given: anything but None
+    ],
+)  # fmt: skip
+def test_a_setting_turns_its_feature_on_by_the_kind_of_value_that_does(value, example, on):
+    from flexkv_adapter.model.features import turned_on
+
+    assert turned_on(value, example) is on
