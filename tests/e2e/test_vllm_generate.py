@@ -10,13 +10,11 @@ counters (the CPU copy kernel that FlexKV's transfer worker calls), not from vLL
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 
 from . import vllm_run
-from .engine_process import run_engine
 
 BLOCK = 32  # vLLM's block size in the run (CPU_ATTN wants a multiple of 32)
 PROMPT_A = [3 + (i * 37) % 500 for i in range(3 * BLOCK)]  # three full blocks
@@ -26,19 +24,7 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    reason = vllm_run.skip_reason()
-    if reason:
-        if os.environ.get("REQUIRE_ENGINE_TIER") == "1":
-            pytest.fail(f"the vLLM end-to-end run cannot start: {reason}")
-        pytest.skip(reason)
-    state = tmp_path_factory.mktemp("vllm_e2e")
-    model = tmp_path_factory.mktemp("tiny_llama")
-    return run_engine(
-        vllm_run.argv(model, state, PROMPT_A, PARTIAL, MAX_TOKENS),
-        deadline_s=vllm_run.DEADLINE_S,
-        env=vllm_run.env(state),
-        cwd=str(vllm_run.REPO),
-    )
+    return vllm_run.start(tmp_path_factory, PROMPT_A, PARTIAL, MAX_TOKENS)
 
 
 def test_the_run_is_vllm_032_with_flexkvs_real_connector(run):

@@ -7,13 +7,11 @@ prompt's prefix (restored as wrong KV into a later request's window). The plugin
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 
 from . import vllm_run
-from .engine_process import run_engine
 from .test_vllm_generate import MAX_TOKENS, PARTIAL, PROMPT_A
 
 WINDOW = 64  # two of prompt A's three 32-token blocks leave the window
@@ -21,15 +19,7 @@ WINDOW = 64  # two of prompt A's three 32-token blocks leave the window
 
 @pytest.fixture(scope="module")
 def start(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    reason = vllm_run.skip_reason()
-    if reason:
-        if os.environ.get("REQUIRE_ENGINE_TIER") == "1":
-            pytest.fail(f"the vLLM end-to-end run cannot start: {reason}")
-        pytest.skip(reason)
-    state = tmp_path_factory.mktemp("vllm_window")
-    model = tmp_path_factory.mktemp("tiny_llama_window")
-    argv = [*vllm_run.argv(model, state, PROMPT_A, PARTIAL, MAX_TOKENS), "--sliding-window", str(WINDOW)]
-    return run_engine(argv, deadline_s=vllm_run.DEADLINE_S, env=vllm_run.env(state), cwd=str(vllm_run.REPO))
+    return vllm_run.start(tmp_path_factory, PROMPT_A, PARTIAL, MAX_TOKENS, "--sliding-window", str(WINDOW))
 
 
 def test_a_sliding_window_model_is_refused_at_start_naming_vllms_spec_and_the_table(start):

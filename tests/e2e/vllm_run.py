@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+from tests.e2e.engine_process import run_engine
 from tests.flexkv_source import find
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,3 +62,18 @@ def argv(model: Path, state: Path, prompt: list[int], partial: list[int], max_to
         str(VENV_PYTHON), "-m", "tests.e2e.vllm_engine", "--model", str(model), "--state", str(state),
         "--max-tokens", str(max_tokens), "--prompt", *map(str, prompt), "--partial", *map(str, partial),
     ]  # fmt: skip
+
+
+def start(tmp_path_factory: Any, prompt: list[int], partial: list[int], max_tokens: int, *extra: str) -> dict[str, Any]:
+    """One engine run (``extra``: more engine arguments) in fresh folders, or the skip (a failure in a tier that
+    must run) saying what to install."""
+    import pytest
+
+    reason = skip_reason()
+    if reason:
+        if os.environ.get("REQUIRE_ENGINE_TIER") == "1":
+            pytest.fail(f"the vLLM end-to-end run cannot start: {reason}")
+        pytest.skip(reason)
+    state, model = tmp_path_factory.mktemp("vllm_e2e"), tmp_path_factory.mktemp("tiny_llama")
+    argv_ = [*argv(model, state, prompt, partial, max_tokens), *extra]
+    return run_engine(argv_, deadline_s=DEADLINE_S, env=env(state), cwd=str(REPO))

@@ -9,12 +9,10 @@ a GPU, stood in) and refused; without their row adapt() serves them, and FlexKV'
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import importlib
 import inspect
-import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,6 +25,7 @@ from flexkv_adapter.model.sglang_features import OPTION, SGLANG
 from flexkv_adapter.model.sglang_pool_features import POOL
 from flexkv_adapter.readers import engine_objects
 
+from ..engine_source import subclasses_in_source
 from .pools import KW
 
 ROOTS = ("KVCache", "HostKVCache")
@@ -43,25 +42,7 @@ def _source_classes() -> dict[str, str]:
     """Classes under sglang.srt whose base chain reaches KVCache or HostKVCache by name: name -> module."""
     import sglang
 
-    root = Path(sglang.__file__).parent
-    bases: dict[str, list[tuple[str, str]]] = {}
-    pattern = re.compile(r"^\s*class \w+\(", re.MULTILINE)
-    for path in (root / "srt").rglob("*.py"):
-        text = path.read_text(errors="replace")
-        if not pattern.search(text):
-            continue
-        module = ".".join(("sglang", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef):
-                names = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
-                bases.setdefault(node.name, []).extend((module, b) for b in names)
-    found, changed = dict.fromkeys(ROOTS, ""), True
-    while changed:
-        changed = False
-        for name, entries in bases.items():
-            if name not in found and any(b in found for _, b in entries):
-                found[name], changed = entries[0][0], True
-    return {n: m for n, m in found.items() if n not in ROOTS}
+    return subclasses_in_source(Path(sglang.__file__).parent / "srt", "sglang.srt", ROOTS)
 
 
 def defined_pool_classes() -> set[str]:

@@ -7,10 +7,8 @@ check runs against a table less one row as its negative control.
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
-import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from flexkv_adapter import UnsupportedFeatureError
 from flexkv_adapter.model.features import FeatureTable
 from flexkv_adapter.model.vllm_features import SPEC, VLLM
 
+from ..engine_source import subclasses_in_source
 from .build import allocate, connector_config, spec_of
 from .test_vllm_plugin import registrations, roles
 
@@ -43,26 +42,7 @@ def _source_classes() -> dict[str, str]:
     """Classes whose base chain reaches KVCacheSpec by name, read from every vLLM source file: name -> module."""
     import vllm
 
-    root = Path(vllm.__file__).parent
-    bases: dict[str, list[tuple[str, str]]] = {}
-    pattern = re.compile(r"^\s*class \w+\(.*Spec", re.MULTILINE)
-    for path in root.rglob("*.py"):
-        text = path.read_text(errors="replace")
-        if not pattern.search(text):
-            continue
-        module = ".".join(("vllm", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef):
-                names = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
-                bases.setdefault(node.name, []).extend((module, b) for b in names)
-    found, changed = {ROOT_CLASS: ""}, True
-    while changed:
-        changed = False
-        for name, entries in bases.items():
-            if name not in found and any(b in found for _, b in entries):
-                found[name], changed = entries[0][0], True
-    del found[ROOT_CLASS]
-    return found
+    return subclasses_in_source(Path(vllm.__file__).parent, "vllm", (ROOT_CLASS,), line=r".*Spec")
 
 
 def defined_spec_types() -> set[str]:
