@@ -168,8 +168,6 @@ def apply_policy(view: PoolView, pool: object, family: str, groups: Sequence[Sid
     try:
         whole = pool_planes.describe(pool, view, admit)
     except PartialPoolError as exc:
-        if not groups and mode == "error":  # DSA as before: FlexKV's connectors read the indexer themselves
-            return _kv_alone(view, f"{', '.join(pool_planes.carried_planes(pool))} ({exc})")
         if not groups or resolve_mode(mode) != "attention_only":
             raise HybridPoolError(str(exc)) from exc
         whole = None  # a refused row: attention_only keeps its meaning
@@ -217,9 +215,11 @@ def _offload_whole(view: PoolView, pool: object, whole: WholePool, listed: bool,
             f"{name} ({whole.family}) keeps {what} beside its KV; hybrid='error' asks for the KV alone, which "
             f"would restore prefixes without them. Drop hybrid= to offload it whole through FlexKV's layer groups"
         )
+    # the group rules (no tp), also for hybrid="error": a connector that reads the planes from the pool itself
+    # (SGLang's, for DSA) registers exactly these groups, so they must be what FlexKV can address
+    admit(repr(view), whole.groups(view), blocks=view.num_blocks, page=view.page_size)
     if mode == "error":  # DSA: FlexKV's connectors read the indexer from the pool themselves
         return _kv_alone(view, what)
-    admit(repr(view), whole.groups(view), blocks=view.num_blocks, page=view.page_size)  # the group rules, no tp
     policy_logger.info("%s: %s", name, whole.describe())
     report = replace(view.report, source_kind=name, notes=(*view.report.notes, whole.describe()))
     return view.rebuild(source=pool, whole=whole, report=report)

@@ -1,8 +1,10 @@
 """adapt(dsa_pool, hybrid="error") says, in its report, that the indexer is not included.
 
 That view is the KV alone for FlexKV's SGLang connector, which reads the indexer from the pool itself;
-plan() and register() refuse it. Its report used to read like any complete view. Now it names what is
-left out, both when the indexer could be offloaded whole and when it could not (a compressed indexer).
+plan() and register() refuse it. Its report names what is left out. Because that connector registers the
+indexer the pool holds, the indexer must pass the same gate as when it is offloaded whole: one that could
+not be (a compressed indexer, index rows inside the KV, too few index pages, more index buffers than
+layers) is refused, not handed over as "the KV alone".
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexkv_adapter import adapt
+from flexkv_adapter import AdapterError, adapt
 from flexkv_adapter.errors import PlanError
 from flexkv_adapter.flexkv import plan
 
@@ -28,9 +30,9 @@ def _dsa(n: int, compressed: bool) -> object:
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(1, 4), st.booleans())
-def test_the_kv_alone_says_so_and_plan_refuses_it(n, compressed):
-    pool = _dsa(n, compressed)
+@given(st.integers(1, 4))
+def test_the_kv_alone_says_so_and_plan_refuses_it(n):
+    pool = _dsa(n, False)
     view = adapt(pool, hybrid="error")
     text = str(view.report)
     assert "KV alone" in text and "index_k_with_scale_buffer" in text, text
@@ -43,3 +45,39 @@ def test_the_kv_alone_says_so_and_plan_refuses_it(n, compressed):
 def test_control_the_default_is_offloaded_whole_without_that_note():
     view = adapt(_dsa(2, False))
     assert view.whole is not None and "KV alone" not in str(view.report)
+
+
+def _inside_the_kv(n: int) -> object:
+    pool = _dsa(n, False)
+    rows = pool.kv_buffer[0].view(torch.uint8).view(-1)  # the first layer's KV bytes, as index rows
+    pool.index_k_with_scale_buffer[0] = rows[: ROWS // PS * PS * 8].view(ROWS // PS, PS * 8)
+    return pool
+
+
+def _too_few_pages(n: int) -> object:
+    pool = _dsa(n, False)
+    pool.index_k_with_scale_buffer = [t[:1] for t in pool.index_k_with_scale_buffer]  # 1 index page for all
+    return pool
+
+
+def _more_buffers_than_layers(n: int) -> object:
+    pool = _dsa(n, False)
+    pool.index_k_with_scale_buffer = [
+        *pool.index_k_with_scale_buffer,
+        torch.zeros(ROWS // PS, PS * 8, dtype=torch.uint8),
+    ]
+    return pool
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda n: _dsa(n, True), _inside_the_kv, _too_few_pages, _more_buffers_than_layers],
+    ids=["compressed", "rows-inside-the-kv", "too-few-pages", "more-buffers-than-layers"],
+)
+@pytest.mark.parametrize("n", [2, 3])
+def test_an_indexer_flexkv_could_not_address_is_refused_not_handed_over(make, n):
+    pool = make(n)
+    with pytest.raises(AdapterError):
+        adapt(pool, hybrid="error")
+    with pytest.raises(AdapterError):
+        adapt(pool)  # the default refuses it too: one gate for both
