@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import NotAddressableError, PlanError, describe
+from ..errors import AdapterError, NotAddressableError, PlanError, describe
 from ..gate import Group, admit
 from ..model.copy_rules import ALIGNMENT_FIX, WORD, alignment_problem, shard_problem
-from .plan_types import AddressingMode
+from .plan_types import AddressingMode, memory_of
 
 if TYPE_CHECKING:
     from .plan_types import FlexKVPlan
@@ -55,13 +55,22 @@ def admit_plan(p: FlexKVPlan, source: str) -> None:
 
 
 def readmit(p: FlexKVPlan) -> None:
-    """A plan's tensors through the gate again, every group together, when it is registered: what plan() checked
-    may have changed since (a storage freed or resized, tensors swapped for meta ones in a rebuilt plan)."""
+    """Send only what the gate admitted: ``p``'s tensors must be the memory plan() sealed into it (a plan built
+    by hand, tensors swapped through ``dataclasses.replace``, a storage freed or resized since), and pass the
+    tensor rule again."""
     where = f"register({p})"
-    if p.groups:
-        admit(where, [Group(g.name, tuple(g.tensors), None) for g in p.groups])
-    else:
-        admit(where, [Group("KV", tuple(p.tensors), None)])
+    if not p.admitted:
+        raise AdapterError(
+            f"{where}: this FlexKVPlan was not made by plan(), so no gate admitted its tensors; plan() it"
+        )
+    if (now := memory_of(p)) != p.admitted:
+        changed = [i for i, (a, b) in enumerate(zip(now, p.admitted)) if a != b]
+        which = f"tensor(s) {changed}" if changed else f"{len(now)} tensors for {len(p.admitted)} admitted"
+        raise NotAddressableError(
+            f"{where}: {which} are not the memory plan() admitted (address, shape, strides, dtype or "
+            f"storage size changed since); FlexKV would copy blocks the plan never checked. Plan again"
+        )
+    admit(where, [Group(g.name, tuple(g.tensors), None) for g in p.groups] or [Group("KV", tuple(p.tensors), None)])
 
 
 def check_five_d(p: FlexKVPlan, source: str) -> None:

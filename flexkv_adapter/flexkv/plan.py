@@ -52,7 +52,7 @@ from .model import (
     positive_int,
     registered_kv_heads,
 )
-from .plan_types import AddressingMode, FlexKVPlan, LayoutType
+from .plan_types import AddressingMode, FlexKVPlan, LayoutType, sealed
 from .vllm_plan import plan_vllm
 
 # Per-layer paged readings registered as they are (FlexKV's vLLM path), and the block-first one.
@@ -230,6 +230,6 @@ def plan(
     check_five_d(result, name)
     check_chunks(result, chunks, name, tp)
     if isinstance(source, PoolView) and source.whole is not None:
-        return replace(result, groups=plan_groups(result, source, tp, name))  # the gate, with the group rules
+        return sealed(replace(result, groups=plan_groups(result, source, tp, name)))  # the gate, with group rules
     admit_plan(result, name)  # the gate, for the as-is path too
-    return result
+    return sealed(result)

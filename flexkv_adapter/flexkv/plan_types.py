@@ -6,7 +6,7 @@ vLLM planner depend on the data, not on the planner: no import circle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from math import prod
 from typing import Any
@@ -95,6 +95,8 @@ class FlexKVPlan:
     dtype: torch.dtype
     kind: ViewKind  # what the tensors hold; kv_dim=1 is MLA or vLLM's packed [K | V] MHA cells
     groups: tuple[GroupPlan, ...] = ()  # a pool offloaded whole: group 0 is this KV, then its planes (groups.py)
+    # the memory the gate admitted (:func:`sealed`): register() sends a plan only while its tensors are still that
+    admitted: tuple[tuple[Any, ...], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def kv_shape(self) -> tuple[int, ...]:
@@ -159,3 +161,22 @@ class FlexKVPlan:
         fields = ", ".join(f"{k}={v}" for k, v in self.layout_fields().items())
         extra = f", layer groups {[g.name for g in self.groups]}" if self.groups else ""
         return f"FlexKV {self.mode.value} mode, {len(self.tensors)} tensors, KVCacheLayout({fields}){extra}"
+
+
+def memory_of(p: FlexKVPlan) -> tuple[tuple[Any, ...], ...]:
+    """What register() would send, as memory: each tensor's address, shape, strides, dtype and storage size."""
+    tensors = [t for g in p.groups for t in g.tensors] if p.groups else list(p.tensors)
+    return tuple(_memory(t) for t in tensors)
+
+
+def _memory(t: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        size = t.untyped_storage().nbytes()
+        return (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, size)
+    except Exception as exc:  # not memory at all (meta, fake, sparse): it differs from anything admitted
+        return (type(t).__name__, repr(exc))
+
+
+def sealed(p: FlexKVPlan) -> FlexKVPlan:
+    """``p`` with the memory the gate has just admitted recorded (plan() returns only sealed plans)."""
+    return replace(p, admitted=memory_of(p))

@@ -23,7 +23,7 @@ from .model import (
     positive_int,
     registered_kv_heads,
 )
-from .plan_types import AddressingMode, FlexKVPlan, LayoutType
+from .plan_types import AddressingMode, FlexKVPlan, LayoutType, sealed
 
 
 def plan_vllm(
@@ -83,4 +83,4 @@ def plan_form(
     # DeepSeek-V3.2 indexer entries (".k_cache") are never in a form (the vLLM plugin checks them: vllm_indexer)
     admit_plan(result, name)
     check_chunks(result, {0: list(form.chunks)}, name, tp_size)
-    return result
+    return sealed(result)

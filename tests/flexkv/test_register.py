@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from flexkv_adapter import AdapterError, adapt
 from flexkv_adapter.errors import FlexKVUnavailableError
-from flexkv_adapter.flexkv import plan, register
+from flexkv_adapter.flexkv import FlexKVPlan, plan, register
 
 from ..helpers import SGLangLikeMHAPool
 
@@ -128,7 +130,7 @@ def test_a_plan_whose_storage_was_freed_after_planning_is_refused_at_registratio
     p, client = plan(adapt(pool)), RecordingClient()
     register(p, RecordingClient())  # negative control: the same plan, its memory alive, registers
     pool.k_buffer[1].untyped_storage().resize_(0)  # freed under the plan
-    with pytest.raises(AdapterError, match=r"register\(.*KV\[1\]"):
+    with pytest.raises(AdapterError, match=r"register\(.*tensor\(s\) \[1\] are not the memory plan\(\) admitted"):
         register(p, client)
     assert client.calls == []
 
@@ -138,7 +140,7 @@ def test_a_plan_of_meta_tensors_is_refused_at_registration(fake_flexkv):
 
     p, client = plan(_view()), RecordingClient()
     meta = dataclasses.replace(p, tensors=tuple(t.to("meta") for t in p.tensors))
-    with pytest.raises(AdapterError, match="KV\\[0\\]"):
+    with pytest.raises(AdapterError, match="are not the memory plan\\(\\) admitted"):
         register(meta, client)
     assert client.calls == []
 
@@ -149,3 +151,43 @@ def test_plan_options_given_with_a_plan_are_refused_not_ignored(fake_flexkv, typ
     with pytest.raises(AdapterError, match=f"takes no plan options \\({typo} would be ignored"):
         register(plan(_view()), client, **{typo: 3})
     assert client.calls == []
+
+
+def _mha_pool() -> SGLangLikeMHAPool:
+    return SGLangLikeMHAPool(size=48, page_size=16, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=2)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda p: dataclasses.replace(p, tensors=tuple(t[:16] for t in p.tensors)),  # fewer blocks
+        lambda p: dataclasses.replace(p, tensors=tuple(t.float() for t in p.tensors)),  # another dtype
+        lambda p: dataclasses.replace(p, tensors=(*p.tensors[:-1], p.tensors[0])),  # a layer swapped for another
+        lambda p: dataclasses.replace(
+            p, tensors=tuple(t.t().contiguous().t() if t.ndim == 2 else t.transpose(1, 2) for t in p.tensors)
+        ),  # other strides
+    ],
+    ids=["fewer-blocks", "dtype", "swapped-layer", "strides"],
+)
+def test_a_plan_whose_tensors_were_swapped_after_planning_is_refused(fake_flexkv, change):
+    p, client = plan(adapt(_mha_pool())), RecordingClient()
+    with pytest.raises(AdapterError, match="not the memory plan\\(\\) admitted"):
+        register(change(p), client)
+    assert client.calls == []
+
+
+def test_a_storage_resized_smaller_after_planning_is_refused(fake_flexkv):
+    pool = _mha_pool()
+    p, client = plan(adapt(pool)), RecordingClient()
+    pool.v_buffer[0].untyped_storage().resize_(pool.v_buffer[0].untyped_storage().nbytes() // 2)
+    with pytest.raises(AdapterError, match="not the memory plan\\(\\) admitted"):
+        register(p, client)
+    assert client.calls == []
+
+
+def test_a_plan_built_by_hand_is_refused(fake_flexkv):
+    p = plan(adapt(_mha_pool()))
+    by_hand = FlexKVPlan(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name != "admitted"})
+    with pytest.raises(AdapterError, match="not made by plan\\(\\)"):
+        register(by_hand, RecordingClient())
+    register(p, RecordingClient())  # negative control: plan()'s own plan of the same tensors registers
