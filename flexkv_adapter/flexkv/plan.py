@@ -153,7 +153,7 @@ def plan(
             raise PlanError(f"a vLLM 0.33 cache dict takes kind= and page_size= only; {ignored} would be ignored")
         return plan_vllm(
             source,  # type: ignore[arg-type]
-            kind=options.get("kind"),
+            kind=validate_options({"kind": options["kind"]})["kind"] if "kind" in options else None,
             block_size=page_size,
             tp_size=tp,
             total_kv_heads=total,

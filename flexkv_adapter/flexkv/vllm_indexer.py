@@ -12,13 +12,13 @@ is the one path that hands these entries to FlexKV (``plan()`` refuses them): it
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 
 from ..errors import InconsistentLayersError, NotAddressableError, describe
 from ..gate import Group, admit
+from ..readers.containers import layer_index_from_name
 
 FLEXKV_INDEXER_MARK = ".k_cache"  # FlexKV's split: an entry whose name contains it (vllm_v1_adapter.py:830)
 
@@ -93,17 +93,13 @@ def _check_layers(where: str, indexer: list[str], main: list[str]) -> None:
             f"{where}: {len(indexer)} indexer entries for {len(main)} KV layers; FlexKV registers indexer entry i "
             f"as layer i, so every layer needs its own, in the KV's order"
         )
-    layers_of = [_layer(n) for n in indexer], [_layer(n) for n in main]
-    if None in layers_of[0] or None in layers_of[1] or layers_of[0] != layers_of[1]:
+    ours, kv = [layer_index_from_name(n) for n in indexer], [layer_index_from_name(n) for n in main]
+    if None in ours or None in kv or ours != kv or len(set(ours)) != len(ours):
         raise InconsistentLayersError(
-            f"{where}: the indexer entries' layers {layers_of[0]} are not the KV entries' {layers_of[1]}, in order "
-            f"(read from their names); FlexKV pairs them by position"
+            f"{where}: the indexer entries' layers {ours} are not the KV entries' {kv}, one each, in order (read "
+            f"from their names: one integer component each, None where a name has none or several); FlexKV pairs "
+            f"them by position"
         )
-
-
-def _layer(name: str) -> int | None:
-    found = re.search(r"(?:^|\.)(\d+)\.", name)
-    return int(found.group(1)) if found else None
 
 
 __all__ = ["FLEXKV_INDEXER_MARK", "check_indexer", "indexer_entries"]

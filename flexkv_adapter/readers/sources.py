@@ -71,6 +71,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
         if found is not None:
             given, label = merge_spec_options(found[1], given), f"plugin:{found[0]}"
             page_size = _spec_page_size(found[1].name, given.pop("page_size", None), page_size)
+            refuse_unproven(pool, given.get("attrs") or ())  # the objects the plugin's attrs= read through
     given, page_size = _checked(given, page_size)
     return Source(pool, pool, given, page_size, label, mode)
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexkv_adapter.errors import AdapterError
+from flexkv_adapter.errors import AdapterError, InconsistentLayersError
 from flexkv_adapter.flexkv.vllm_indexer import check_indexer
 
 FAULTS = ("strided", "short", "other_shape", "other_dtype", "alias", "overlap", "ratio", "meta", "two_d")
@@ -115,3 +115,28 @@ def test_the_entries_are_flexkvs_by_its_own_name_rule_and_vllms_one_head_views_a
     first = got["model.layers.0.self_attn.indexer.k_cache"]
     assert first.shape == (5, 64, 4) and first.data_ptr() == one_head.data_ptr() and torch.equal(first, one_head[:, 0])
     assert got["model.layers.1.self_attn.indexer.k_cache.extra"] is two_heads  # not squeezable: left to the check
+
+
+@pytest.mark.parametrize(
+    ("kv", "indexer", "accepted"),
+    [
+        (["model.layers.0.attn", "model.layers.1.attn"], ["model.layers.0.idx.k_cache", "model.layers.1.idx.k_cache"],
+         True),
+        (["layers.0", "layers.1"], ["layers.0.k_cache", "layers.1.k_cache"], True),  # a trailing index
+        # a constant number before the index: the layer cannot be read (two integers), so it is refused
+        (["model.0.layers.0.attn", "model.0.layers.1.attn"], ["model.0.layers.1.k_cache", "model.0.layers.0.k_cache"],
+         False),
+        (["model.layers.0.attn", "model.layers.1.attn"], ["model.layers.1.idx.k_cache", "model.layers.0.idx.k_cache"],
+         False),  # reversed: layer 1's indexer would be restored into layer 0
+        (["model.layers.0.attn", "model.layers.1.attn"], ["model.layers.0.idx.k_cache", "model.layers.0.x.k_cache"],
+         False),  # one layer twice
+    ],
+)  # fmt: skip
+def test_indexer_entries_are_paired_with_the_kv_layers_by_their_names(kv, indexer, accepted):
+    main = {n: torch.zeros(4, 16, 8) for n in kv}
+    entries = {n: torch.zeros(4, 16, 132, dtype=torch.uint8) for n in indexer}
+    if accepted:
+        check_indexer(entries, num_block=4, tokens_per_block=16, main=main)
+        return
+    with pytest.raises(InconsistentLayersError, match="FlexKV pairs them by position"):
+        check_indexer(entries, num_block=4, tokens_per_block=16, main=main)

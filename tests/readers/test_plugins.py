@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flexkv_adapter import AmbiguousLayoutError, adapt
+from flexkv_adapter import AmbiguousLayoutError, UnsupportedPoolError, adapt
 from flexkv_adapter.readers.plugins import reload_recognizers
 
 
@@ -61,3 +61,29 @@ def test_a_broken_plugin_is_logged_not_fatal(plugin_dir, caplog):
     view = adapt(SimpleNamespace(kv_cache=[torch.zeros(32, 1, 8)], page_size=16))
     assert view.report.recognizer == "renamed"
     assert any("broken" in m and "failed to load" in m for m in caplog.messages)
+
+
+DOTTED_PLUGIN = """
+def recognise(pool):
+    if type(pool).__name__ == "Holder":
+        return {"name": "holder-engine", "kind": "mha", "attrs": ["inner.k_buffer", "inner.v_buffer"],
+                "axes": "N H D", "page_size": 16}
+    return None
+"""
+
+
+def test_the_objects_a_plugins_attrs_read_through_are_judged_like_the_callers(plugin_dir):
+    """A recogniser's dotted attrs= pass the same engine-object gate as the caller's: a HiSparse-like pool (its
+    rows a hot subset) read through a plugin is refused, and the same pool without the marker is adapted."""
+    from ..helpers import SGLangLikeMHAPool
+
+    _install_plugin(plugin_dir, "engine_plugin_dotted", DOTTED_PLUGIN, "holder")
+    reload_recognizers()
+    holder = type("Holder", (), {})
+    inner = SGLangLikeMHAPool(size=48, page_size=16, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=2)
+    pool = holder()
+    pool.inner = inner
+    assert adapt(pool).layer_ids == [0, 1]  # negative control: no marker, the plugin's reading serves
+    inner.full_to_hisparse_device_index_mapping = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(UnsupportedPoolError, match=r"Holder\.inner \(SGLangLikeMHAPool\) is a HiSparse pool"):
+        adapt(pool)

@@ -271,3 +271,13 @@ def test_a_key_whose_str_raises_is_an_adapter_error():
         adapt({Key(): kv[0], Key(): kv[1]}, page_size=4, kind="mla")
     with pytest.raises(AdapterError):
         plan({Key(): kv[0], Key(): kv[1]}, page_size=4, kind="mla")
+
+
+def test_plan_of_a_vllm_dict_checks_kind_as_adapt_does():
+    import numpy as np
+
+    kv = views("LBNHC", 2, 4, 1, 16, 24)
+    for odd in (np.array(["mla", "mha"]), np.array("mla"), 3):
+        with pytest.raises(AdapterError, match="kind must be one of"):
+            plan(kv, kind=odd)
+    assert plan(kv, kind="mla").kind == "mla"

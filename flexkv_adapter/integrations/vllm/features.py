@@ -62,6 +62,12 @@ def check_options(vllm_config: Any) -> None:
         if turned_on(value, example):
             shown = "set" if example is object else repr(value)
             raise UnsupportedFeatureError(f"flexkv_adapter ({setting}={shown}): {VLLM.refusal(row.name, OPTION)}")
+    parallel = getattr(vllm_config, "parallel_config", None)
+    index = getattr(parallel, "data_parallel_index", None)
+    if isinstance(index, int) and not isinstance(index, bool) and index > 0:  # a dense model's DP rank: vLLM has
+        # already made its data_parallel_size 1 (reconfigure_for_independent_dp_rank, v1/engine/core.py:1554)
+        name = "--data-parallel-size"
+        raise UnsupportedFeatureError(f"flexkv_adapter (data_parallel_index={index}): {VLLM.refusal(name, OPTION)}")
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     if getattr(transfer, "kv_load_failure_policy", None) == "recompute" and _v2_gpu_runner(vllm_config):
         raise UnsupportedFeatureError(f"flexkv_adapter: {VLLM.refusal(RECOMPUTE_V2, OPTION)}")

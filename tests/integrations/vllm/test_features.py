@@ -105,3 +105,15 @@ def test_parallelism_other_than_tensor_parallelism_is_refused():
         "parallel_config.prefill_context_parallel_size",
         "parallel_config.data_parallel_size",
     }
+
+
+@pytest.mark.parametrize(("index", "refused"), [(0, False), (1, True), (3, True), (None, False)])
+def test_a_dense_models_data_parallel_rank_is_refused_by_its_index(index, refused):
+    """vLLM makes a dense model's DP rank a world of one (data_parallel_size 1) before the connector is built;
+    its data_parallel_index still says which rank it is."""
+    config = _config("parallel_config.data_parallel_index", index)
+    if not refused:
+        features.check_options(config)
+        return
+    with pytest.raises(UnsupportedFeatureError, match=f"data_parallel_index={index}.*--data-parallel-size is"):
+        features.check_options(config)
