@@ -111,3 +111,9 @@ def test_a_setting_turns_its_feature_on_by_the_kind_of_value_that_does(value, ex
     from flexkv_adapter.model.features import turned_on
 
     assert turned_on(value, example) is on
+
+
+def test_each_engine_package_shows_its_table_at_its_top():
+    from flexkv_adapter.integrations import sglang, vllm
+
+    assert sglang.FEATURES is SGLANG and vllm.FEATURES is VLLM

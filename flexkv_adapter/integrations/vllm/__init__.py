@@ -2,12 +2,15 @@
 stats (:mod:`.stats`).
 
 ``install`` is the entry point (group ``vllm.general_plugins``); it imports the plugin when vLLM calls
-it, so importing this package costs nothing.
+it, so importing this package costs nothing. ``FEATURES`` is vLLM's feature table (every KV cache spec type,
+option and request feature: served, bypassed or refused; docs/vllm.md#features), where a reader starts.
 """
 
 from __future__ import annotations
 
 import logging
+
+from ...model.vllm_features import VLLM as FEATURES
 
 
 def install() -> None:
@@ -20,4 +23,4 @@ def install() -> None:
     install_plugin()
 
 
-__all__ = ["install"]
+__all__ = ["FEATURES", "install"]
