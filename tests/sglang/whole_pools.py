@@ -17,6 +17,7 @@ import torch
 from flexkv_adapter import adapt
 from flexkv_adapter.flexkv import register
 from flexkv_adapter.flexkv.plan import plan
+from flexkv_adapter.flexkv.plan_types import sealed
 
 from ..multigroup_worker import Client, Worker
 
@@ -76,8 +77,9 @@ def roundtrip(pool: Any, drop: str | None = None, reader: Any = read, make_worke
     """Store SRC, scramble, restore into DST: every difference from what the pool (or ``reader``) should hold."""
     view = adapt(pool)
     p = plan(view)
-    if drop is not None:  # the negative control: one plane left out of the registration
-        p = replace(p, groups=tuple(g for g in p.groups if g.name != drop))
+    if drop is not None:  # the negative control: one plane left out of the registration, sealed again as if
+        # plan() had made it so (register() refuses a plan changed since plan(): here the round trip is the check)
+        p = sealed(replace(p, groups=tuple(g for g in p.groups if g.name != drop)))
     client = Client()
     register(p, client, model_config=model_config(p), attempts=1)
     call = client.calls[0]
