@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -144,7 +144,18 @@ def _storage_problem(attr: str, tensors: Sequence[torch.Tensor]) -> str | None:
     return None
 
 
+def plain(value: object) -> object:
+    """A list or tuple subclass as the plain container of what it holds, read with the base type's own methods:
+    a subclass's ``__iter__``, ``__len__``, ``__bool__`` or ``__getitem__`` may raise or lie, and the pool's
+    tensors are what it holds, not what those methods say. (A dict subclass keeps its own reading: its items()
+    is read twice and compared, :func:`read_again`.)"""
+    if type(value) in (list, tuple) or not isinstance(value, (list, tuple)):
+        return value
+    return list(list.__iter__(value)) if isinstance(value, list) else tuple(tuple.__iter__(value))
+
+
 def make_container(attr: str, value: object) -> Container | str:
+    value = plain(value)
     if isinstance(value, torch.Tensor):
         return _storage_problem(attr, (value,)) or Container(attr, (value,), is_sequence=False)
     if isinstance(value, Mapping):
@@ -182,6 +193,7 @@ def make_container(attr: str, value: object) -> Container | str:
 
 
 def _tensors_of(value: object, order: tuple[int, ...] | None) -> list[object]:
+    value = plain(value)
     if isinstance(value, Mapping):
         items = list(value.values())
         return [items[i] for i in order] if order is not None else items
@@ -287,6 +299,7 @@ def locate_sequence(pool: Sequence[object]) -> tuple[list[Located], list[str]]:
     choice is an ambiguity settled by ``axes=`` (e.g. ``"L KV N H D"`` vs ``"KV L N H D"``).
     """
     L, KV = Axis.LAYER, Axis.KV
+    pool = [plain(x) for x in cast(Sequence[object], plain(pool))]  # nested [k_list, v_list] too
     if pool and all(is_tensor_seq(x) for x in pool):
         found: list[Located] = []
         flat = [t for x in pool for t in x]  # type: ignore[attr-defined]
@@ -312,4 +325,5 @@ def locate_sequence(pool: Sequence[object]) -> tuple[list[Located], list[str]]:
 
 
 def is_tensor_seq(x: object) -> bool:
+    x = plain(x)
     return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)

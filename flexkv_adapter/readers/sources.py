@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import AdapterError, InconsistentLayersError, NotAddressableError
 from ..model.hybrid import HybridStructure
-from .containers import addresses, probe, probe_int
+from .containers import addresses, plain, probe, probe_int
 from .engine_objects import refuse_unproven
 from .options import validate_options
 from .plugins import plugin_spec
@@ -45,6 +45,7 @@ def locate_source(pool: object, page_size: int | None, given: dict[str, Any]) ->
     Explicit attrs (an option or a spec's) name the tensors: read as named, never unwrapped.
     """
     given = dict(given)
+    pool = plain(pool)  # a list or tuple subclass is read as what it holds, never through its own dunders
     mode, spec_source = given.pop("hybrid", None), given.pop("spec", None)
     label = None
     if spec_source is not None:

@@ -1,0 +1,80 @@
+"""A list or tuple subclass whose dunders raise or lie is read as what it holds: adapt() and plan() give the
+view of the plain container, or an AdapterError, never a raw exception (the contract: only AdapterError leaves).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flexkv_adapter import AdapterError, adapt, plan
+from flexkv_adapter.readers import containers, sources
+
+DUNDERS = ("__iter__", "__len__", "__bool__", "__getitem__", "__eq__", "__hash__", "__contains__", "__reversed__")
+
+
+def hostile(base: type, dunders: frozenset[str], lie: bool) -> type:
+    """A ``base`` subclass whose ``dunders`` raise, or (``lie``) answer as an empty container would."""
+
+    def make(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not lie:
+                raise RuntimeError(f"{name} raised")
+            return {"__iter__": iter(()), "__len__": 0, "__bool__": False, "__contains__": False}.get(name)
+
+        return method
+
+    return type(f"Hostile{base.__name__.title()}", (base,), {n: make(n) for n in dunders})
+
+
+def tensors(start: int) -> list[torch.Tensor]:
+    return [torch.arange(80 * 2 * 8, dtype=torch.float32).add(start + 1000 * i).to(torch.bfloat16).view(80, 2, 8)
+            for i in range(2)]  # fmt: skip
+
+
+K, V = tensors(0), tensors(500)  # the same memory under the hostile and the plain containers
+
+
+def shapes(where: str, cls: type) -> tuple[Any, dict[str, Any]]:
+    k, v = K, V
+    if where == "attrs":
+        return SimpleNamespace(k_buffer=cls(k), v_buffer=cls(v), page_size=16), {}
+    if where == "pool":
+        return cls([cls(k), cls(v)]), {"axes": "KV L N H D", "page_size": 16}
+    return cls([cls(pair) for pair in zip(k, v)]), {"axes": "L KV N H D", "page_size": 16}
+
+
+def outcome(route: Any, source: Any, options: dict[str, Any]) -> Any:
+    try:
+        got = route(source, **options)
+    except AdapterError as exc:
+        return type(exc)
+    return tuple(t.data_ptr() for t in (got.tensors() if hasattr(got, "tensors") and callable(got.tensors)
+                                        else got.tensors))  # fmt: skip
+
+
+@given(
+    base=st.sampled_from([list, tuple]),
+    dunders=st.frozensets(st.sampled_from(DUNDERS), min_size=1),
+    lie=st.booleans(),
+    where=st.sampled_from(["attrs", "pool", "pairs"]),
+    route=st.sampled_from([adapt, plan]),
+)
+def test_a_hostile_container_reads_as_the_plain_one_or_is_an_adapter_error(base, dunders, lie, where, route):
+    source, options = shapes(where, hostile(base, dunders, lie))
+    plain_source, _ = shapes(where, base)
+    got = outcome(route, source, options)
+    assert got == outcome(route, plain_source, options) or (isinstance(got, type) and issubclass(got, AdapterError))
+
+
+def test_negative_control_read_through_its_own_dunders_a_hostile_container_escapes_raw(monkeypatch):
+    for module in (containers, sources):
+        monkeypatch.setattr(module, "plain", lambda value: value)
+    source, options = shapes("pool", hostile(list, frozenset({"__iter__"}), lie=False))
+    with pytest.raises(RuntimeError, match="__iter__ raised"):
+        adapt(source, **options)
