@@ -55,9 +55,9 @@ def admit_plan(p: FlexKVPlan, source: str) -> None:
 
 
 def readmit(p: FlexKVPlan) -> None:
-    """Send only what the gate admitted: ``p``'s tensors must be the memory plan() sealed into it (a plan built
-    by hand, tensors swapped through ``dataclasses.replace``, a storage freed or resized since), and pass the
-    tensor rule again."""
+    """Send only what the gate admitted: ``p``'s tensors must be the memory plan() sealed into it after the gate
+    (a plan built by hand, tensors swapped through ``dataclasses.replace``, a storage freed or resized since are
+    not), so the gate's verdict still holds and is not asked again."""
     where = f"register({p})"
     if not p.admitted:
         raise AdapterError(
@@ -70,7 +70,6 @@ def readmit(p: FlexKVPlan) -> None:
             f"{where}: {which} are not the memory plan() admitted (address, shape, strides, dtype or "
             f"storage size changed since); FlexKV would copy blocks the plan never checked. Plan again"
         )
-    admit(where, [Group(g.name, tuple(g.tensors), None) for g in p.groups] or [Group("KV", tuple(p.tensors), None)])
 
 
 def check_five_d(p: FlexKVPlan, source: str) -> None:

@@ -10,7 +10,7 @@ the engine adds later is not judged until a row names it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -71,6 +71,17 @@ class FeatureTable:
 
     def of_kind(self, kind: str) -> tuple[Feature, ...]:
         return tuple(r for r in self.rows if r.kind == kind)
+
+    def refused_and_on(self, kind: str, read: Callable[[str], Any]) -> tuple[Feature, str, Any, Any] | None:
+        """The first refused ``kind`` row whose trigger setting, read by ``read``, turns its feature on
+        (:func:`turned_on`): (row, setting, value, the trigger's example), or None. The one loop every engine's
+        option check runs."""
+        for row in self.of_kind(kind):
+            if row.verdict == "refused" and row.trigger:
+                setting, example = row.trigger
+                if turned_on(value := read(setting), example):
+                    return row, setting, value, example
+        return None
 
     def without(self, name: str) -> FeatureTable:
         """The table less one row: what the completeness tests' negative controls run against."""

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from ...errors import AdapterError, UnsupportedFeatureError
-from ...model.features import turned_on
 from ...model.sglang_features import OPTION, SGLANG
 from .checks import resolved
 
@@ -66,15 +65,11 @@ def own_connector_refusal(pool: Any) -> AdapterError | None:
 def option_refusal(server_args: Any) -> AdapterError | None:
     """The first server option the feature table refuses that ``server_args`` turns on: the one place options are
     refused, on every connector path (the bridge, FlexKV's own connector, the in-tree one)."""
-    server_args = resolved(server_args)
-    for row in SGLANG.of_kind(OPTION):
-        if row.verdict != "refused" or not row.trigger:
-            continue
-        setting, example = row.trigger
-        value = getattr(server_args, setting, None)
-        if turned_on(value, example):
-            return UnsupportedFeatureError(f"{setting}={value!r}: {SGLANG.refusal(row.name, OPTION)}")
-    return None
+    args = resolved(server_args)
+    if (found := SGLANG.refused_and_on(OPTION, lambda setting: getattr(args, setting, None))) is None:
+        return None
+    row, setting, value, _ = found
+    return UnsupportedFeatureError(f"{setting}={value!r}: {SGLANG.refusal(row.name, OPTION)}")
 
 
 def start_refusal(kvcache: Any, server_args: Any) -> AdapterError | None:

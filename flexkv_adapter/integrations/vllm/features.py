@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import UnsupportedFeatureError
-from ...model.features import table_name, turned_on
+from ...model.features import table_name
 from ...model.vllm_features import OPTION, RECOMPUTE_V2, SPEC, VLLM
+from ...readers.containers import probe_path
 
 PREFIXES = ("vllm.",)
 
@@ -54,14 +55,10 @@ def _v2_gpu_runner(vllm_config: Any) -> bool:
 def check_options(vllm_config: Any) -> None:
     """Refuse the options the table refuses: every refused row with a trigger (read off ``vllm_config`` along its
     dotted path), and recompute on the V2 GPU model runner (a rule of two settings)."""
-    for row in VLLM.of_kind(OPTION):
-        if row.verdict != "refused" or not row.trigger:
-            continue
-        setting, example = row.trigger
-        value = _read(vllm_config, setting)
-        if turned_on(value, example):
-            shown = "set" if example is object else repr(value)
-            raise UnsupportedFeatureError(f"flexkv_adapter ({setting}={shown}): {VLLM.refusal(row.name, OPTION)}")
+    if (found := VLLM.refused_and_on(OPTION, lambda setting: probe_path(vllm_config, setting))) is not None:
+        row, setting, value, example = found
+        shown = "set" if example is object else repr(value)
+        raise UnsupportedFeatureError(f"flexkv_adapter ({setting}={shown}): {VLLM.refusal(row.name, OPTION)}")
     parallel = getattr(vllm_config, "parallel_config", None)
     index = getattr(parallel, "data_parallel_index", None)
     if isinstance(index, int) and not isinstance(index, bool) and index > 0:  # a dense model's DP rank: vLLM has
@@ -71,12 +68,6 @@ def check_options(vllm_config: Any) -> None:
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     if getattr(transfer, "kv_load_failure_policy", None) == "recompute" and _v2_gpu_runner(vllm_config):
         raise UnsupportedFeatureError(f"flexkv_adapter: {VLLM.refusal(RECOMPUTE_V2, OPTION)}")
-
-
-def _read(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 __all__ = ["check_options", "check_specs"]
