@@ -6,6 +6,10 @@ watch keeps its own idle PUSH connection to the master's result port (a PULL the
 from peers that send, so this peer changes nothing) with ZMTP heartbeats. The connection drops
 when the master's process ends or restarts, or when heartbeats go unanswered for
 ``master_lost_s``; either is final.
+
+Connected means the ZMTP handshake finished, not the TCP connect: heartbeats only run after
+the handshake, so a link cut between the two would otherwise leave a connection that nobody
+probes until libzmq's 30 s handshake timeout. The handshake is bounded by ``master_lost_s`` too.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ class MasterWatch:
         try:
             self._sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
             self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(lost_s * 1000)))
+            self._sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(lost_s * 1000)))
         except zmq.ZMQError as exc:  # libzmq < 4.2: only a closed connection is noticed
             logger.warning("no ZMTP heartbeats (%s): a silent network loss will not be noticed", exc)
-        events = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
         self._monitor: Any = self._sock.get_monitor_socket(events)
         self._sock.connect(f"tcp://{host}:{port}")
         self._started = time.monotonic()
@@ -43,10 +48,10 @@ class MasterWatch:
 
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
-            if event in (self._zmq.EVENT_CONNECTED, self._zmq.EVENT_HANDSHAKE_SUCCEEDED):
+            if event == self._zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._connected = True
             elif event == self._zmq.EVENT_DISCONNECTED and self._connected:
                 return "its connection closed (the master process ended or restarted, or heartbeats went unanswered)"
         if not self._connected and time.monotonic() - self._started > self._lost_s:
-            return f"no connection to it within master_lost_s={self._lost_s:g}s"
+            return f"no connection to it (ZMTP handshake done) within master_lost_s={self._lost_s:g}s"
         return None
