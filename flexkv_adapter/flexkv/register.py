@@ -8,6 +8,7 @@ import time
 from typing import Any, Protocol
 
 from ..errors import AdapterError
+from ..readers.containers import own_class
 from ..text import short_repr
 from .checks import readmit
 from .groups import check_model_groups, registration
@@ -62,6 +63,7 @@ def register(
     """
     send = _register_method(client)
     _check_retry_options(attempts, interval_s, override_device_id)
+    own_class(source, "register(source)")
     if isinstance(source, FlexKVPlan):
         if plan_options:
             raise AdapterError(

@@ -26,7 +26,7 @@ from ..model.axes import parse_axes
 from ..model.hybrid import SideGroup
 from ..model.layout import Geometry, Interpretation, ViewKind
 from ..model.views import MLAView, PoolView
-from ..readers.containers import Located, probe, probe_path
+from ..readers.containers import Located, own_class, probe, probe_path
 from ..readers.options import AdaptOptions, validate_options
 from ..readers.recognize import candidates, declared_axes, locate, mismatch, vllm_twin_of
 from ..readers.sources import Source, locate_source
@@ -70,6 +70,7 @@ def adapt(pool: object, page_size: int | None = None, **options: Unpack[AdaptOpt
     """
     given: dict[str, Any] = validate_options(options)
     page_size = validate_options({}, page_size).get("page_size")
+    own_class(pool, "adapt(pool)")
     if isinstance(pool, PoolView):
         if given or (page_size is not None and page_size != pool.page_size):
             raise AdapterError(

@@ -128,7 +128,13 @@ def resolve_geometry(pool: object, page_size: int | None, options: Mapping[str, 
     facts.update(given)
     kind = facts.get("kind")
     axes: tuple[Axis, ...] | None = given.get("axes")
-    layout, _ = owners_fact(pool, owners, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
+    layout, origin = owners_fact(pool, owners, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
+    layout = str.__str__(layout) if isinstance(layout, str) else layout  # a str subclass's == may lie
+    if layout is not None and not (isinstance(layout, str) and layout in ("nhd", "hnd", "vectorized_5d")):
+        raise NotAddressableError(
+            f"{type(pool).__name__}: {origin}={short_repr(layout)} is not a layout adapt() reads ('nhd', 'hnd'; "
+            f"SGLang's ROCm 'vectorized_5d' is refused by name); name the tensors' axes with axes=..."
+        )
     if axes is None and layout == "hnd":
         axes, kind = parse_axes("P H T D"), kind or "mha"
     elif axes is None and layout == "vectorized_5d":

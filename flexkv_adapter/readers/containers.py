@@ -36,7 +36,9 @@ MLA: frozenset[ViewKind] = frozenset({"mla"})
 def probe(obj: object, name: str, *, tolerate: bool = False) -> Any:
     """``getattr(obj, name, None)``; an attribute that raises is an AdapterError (or None if ``tolerate``)."""
     try:
-        return getattr(obj, name, None)
+        value = getattr(obj, name, None)
+        value.__class__  # noqa: B018 -- isinstance() reads it: one that raises is this attribute's fault
+        return value
     except Exception as exc:  # RecursionError included: a recursive __getattr__
         if tolerate:
             return None
@@ -44,6 +46,22 @@ def probe(obj: object, name: str, *, tolerate: bool = False) -> Any:
             f"{type(obj).__name__}.{name} raised {type(exc).__name__} when read: {str(exc)[:200]}; "
             f"fix the pool's attribute, or name the KV tensors with attrs=[...]"
         ) from None
+
+
+def own_class(value: object, where: str) -> None:
+    """Refuse an entry point's input whose ``__class__`` raises or is not its type: ``isinstance()`` reads
+    ``__class__``, so one that raises escapes every check, and one that lies (a proxy) passes for what it is not."""
+    try:
+        claimed = value.__class__
+    except Exception as exc:
+        raise AdapterError(
+            f"{where}: reading its __class__ raised {type(exc).__name__}: {str(exc)[:120]}; pass the pool itself"
+        ) from None
+    if claimed is not type(value):
+        raise AdapterError(
+            f"{where}: a {type(value).__name__} whose __class__ says {short_repr(claimed)}; a proxy is not read as "
+            f"what it stands for: pass the object itself"
+        )
 
 
 def probe_path(obj: object, path: str) -> Any:

@@ -23,13 +23,7 @@ def is_vllm_dict(obj: object) -> bool:
     """
     if not isinstance(obj, Mapping):
         return False
-    try:
-        items = list(obj.items())
-    except Exception as exc:  # a Mapping subclass whose items() fails
-        raise UnsupportedPoolError(
-            f"{type(obj).__name__} is a mapping whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
-        ) from None
-    main = [t for n, t in items if not (isinstance(n, str) and n.endswith(INDEXER_SUFFIX))]
+    main = [t for n, t in layer_items(obj) if not (isinstance(n, str) and n.endswith(INDEXER_SUFFIX))]
     if not main or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in main):
         return False
     if any(storage_problem(t) for t in main) or len({t.untyped_storage().data_ptr() for t in main}) != 1:
@@ -37,6 +31,18 @@ def is_vllm_dict(obj: object) -> bool:
     if (twin := vllm_twin(main)) is not None:
         raise AmbiguousLayoutError(f"a dict of {twin}")
     return True
+
+
+def layer_items(obj: Mapping[object, object]) -> list[tuple[object, object]]:
+    """A layer dict's entries, read once through ``items()``, with ``str`` subclass names as plain ``str``:
+    a name's ``endswith`` or ``__eq__`` may raise or lie, and the name is the characters it holds."""
+    try:
+        items = list(obj.items())
+    except Exception as exc:  # a Mapping subclass whose items() fails
+        raise UnsupportedPoolError(
+            f"{type(obj).__name__} is a mapping whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
+        ) from None
+    return [(str.__str__(n) if isinstance(n, str) else n, t) for n, t in items]
 
 
 def vllm_twin(tensors: Sequence[torch.Tensor]) -> str | None:

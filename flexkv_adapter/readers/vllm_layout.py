@@ -39,7 +39,7 @@ from ..model.copy_rules import storage_problem
 from ..model.layout import ViewKind
 from ..text import short_repr
 from .containers import SELF, Container, copy_problem, layer_index_from_name, make_container, read_again
-from .vllm_detect import INDEXER_SUFFIX, is_vllm_dict, vllm_twin
+from .vllm_detect import INDEXER_SUFFIX, is_vllm_dict, layer_items, vllm_twin
 
 #: vLLM 0.33 ``KVCacheLayout`` values: the physical order of the logical axes [L, B, H, N, C].
 LAYOUTS: dict[str, tuple[int, ...]] = {
@@ -94,12 +94,14 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
     """Recover the layout from strides and storage offsets (never from shape alone)."""
     if not isinstance(kv_caches, Mapping):
         raise UnsupportedPoolError(f"vLLM KV caches must be a dict of name -> tensor, got {short_repr(kv_caches)}")
-    if odd := [n for n in kv_caches if not isinstance(n, str)]:  # str(n) would merge 1 and "1" into one layer
+    items = layer_items(kv_caches)
+    if odd := [n for n, _ in items if not isinstance(n, str)]:  # str(n) would merge 1 and "1" into one layer
         raise InconsistentLayersError(
             f"vLLM KV caches: keys {short_repr(odd, 200)} are not layer names (str keys, as vLLM's)"
         )
-    indexer = tuple(n for n in kv_caches if n.endswith(INDEXER_SUFFIX))
-    main = {n: t for n, t in kv_caches.items() if n not in indexer}
+    names = [cast(str, n) for n, _ in items]
+    indexer = tuple(n for n in names if n.endswith(INDEXER_SUFFIX))
+    main = {cast(str, n): t for n, t in items if n not in indexer}  # type: ignore[misc]
     parsed = [layer_index_from_name(n) for n in main]
     ids = [i for i in parsed if i is not None]
     if len(ids) == len(parsed) and len(set(ids)) != len(ids):
@@ -119,7 +121,7 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
             raise UnsupportedPoolError(f"vLLM KV caches: {name} {why}")
     first_name, first = next(iter(main.items()), ("", torch.empty(0)))
     if 0 in first.shape:  # no entry besides indexer ones, or empty tensors
-        raise NotAddressableError(f"vLLM KV caches: no KV cache in {list(kv_caches)[:3]} ({describe(first)}): empty")
+        raise NotAddressableError(f"vLLM KV caches: no KV cache in {names[:3]} ({describe(first)}): empty")
     for name, t in main.items():
         if (t.shape, t.stride(), t.dtype, t.device) != (first.shape, first.stride(), first.dtype, first.device):
             raise InconsistentLayersError(

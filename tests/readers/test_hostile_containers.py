@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexkv_adapter import AdapterError, adapt, plan
-from flexkv_adapter.readers import containers, sources
+from flexkv_adapter.readers import containers, sources, vllm_layout
 
 DUNDERS = ("__iter__", "__len__", "__bool__", "__getitem__", "__eq__", "__hash__", "__contains__", "__reversed__")
 
@@ -78,3 +78,65 @@ def test_negative_control_read_through_its_own_dunders_a_hostile_container_escap
     source, options = shapes("pool", hostile(list, frozenset({"__iter__"}), lie=False))
     with pytest.raises(RuntimeError, match="__iter__ raised"):
         adapt(source, **options)
+
+
+NAME_METHODS = ("endswith", "startswith", "split", "rsplit", "partition", "__contains__", "__len__", "__getitem__")
+MAPPING_METHODS = ("__iter__", "__len__", "__bool__", "__getitem__", "__contains__", "keys", "values", "get")
+
+
+def lying_or_raising(base: type, methods: frozenset[str], lie: bool) -> type:
+    """A ``base`` subclass whose ``methods`` raise, or (``lie``) answer True / nothing."""
+
+    def make(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not lie:
+                raise RuntimeError(f"{name} raised")
+            return iter(()) if name == "__iter__" else True
+
+        return method
+
+    return type(f"Hostile{base.__name__.title()}", (base,), {n: make(n) for n in methods})
+
+
+VLLM_BUFFER = torch.arange(2 * 4 * 16 * 2 * 16, dtype=torch.float32).to(torch.bfloat16).view(2, 4, 16, 2, 16)
+
+
+def vllm_dict(mapping: type, name: type) -> dict[str, torch.Tensor]:
+    """vLLM 0.33's ``register_kv_caches`` input, ``[B, H, N, C]`` views of one LBNHC buffer, in ``mapping``
+    with ``name`` layer names."""
+    built = dict.__new__(mapping)
+    for layer in range(2):
+        dict.__setitem__(built, name(f"model.layers.{layer}.self_attn.attn"), VLLM_BUFFER[layer].permute(0, 2, 1, 3))
+    return built
+
+
+@given(
+    mapping=st.frozensets(st.sampled_from(MAPPING_METHODS)),
+    name=st.frozensets(st.sampled_from(NAME_METHODS)),
+    lie=st.booleans(),
+    route=st.sampled_from([adapt, plan]),
+)
+def test_a_hostile_layer_dict_or_layer_name_reads_as_the_plain_one_or_is_an_adapter_error(mapping, name, lie, route):
+    """A dict subclass's dunders or a ``str`` subclass name's methods, raising or lying, never change which
+    bytes are read (vLLM hands a plain dict of plain names) and never escape as a raw exception."""
+    source = vllm_dict(lying_or_raising(dict, mapping, lie), lying_or_raising(str, name, lie))
+    options = VLLM_OPTIONS if route is plan else {}
+    got = outcome(route, source, options)
+    plain_got = outcome(route, vllm_dict(dict, str), options)
+    assert got == plain_got or (isinstance(got, type) and issubclass(got, AdapterError))
+
+
+VLLM_OPTIONS = {"kind": "mha", "page_size": 16}
+
+
+def test_the_plain_vllm_dict_is_planned_not_refused():
+    assert not isinstance(outcome(plan, vllm_dict(dict, str), VLLM_OPTIONS), type)
+
+
+def test_negative_control_read_through_its_own_methods_a_hostile_layer_name_escapes_raw(monkeypatch):
+    from flexkv_adapter.readers import vllm_detect
+
+    monkeypatch.setattr(vllm_detect, "layer_items", lambda obj: list(obj.items()))
+    monkeypatch.setattr(vllm_layout, "layer_items", lambda obj: list(obj.items()))
+    with pytest.raises(RuntimeError, match="endswith raised"):
+        plan(vllm_dict(dict, lying_or_raising(str, frozenset({"endswith"}), lie=False)), **VLLM_OPTIONS)
