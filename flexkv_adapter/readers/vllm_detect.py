@@ -7,6 +7,7 @@ same question of the tensors wherever they are nested.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ def is_vllm_dict(obj: object) -> bool:
     return True
 
 
-def layer_items(obj: Mapping[object, object]) -> list[tuple[object, object]]:
+def layer_items(obj: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
     """A layer dict's entries, read once through ``items()``, with ``str`` subclass names as plain ``str``:
     a name's ``endswith`` or ``__eq__`` may raise or lie, and the name is the characters it holds."""
     try:

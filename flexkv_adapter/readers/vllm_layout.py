@@ -99,9 +99,9 @@ def read_geometry(kv_caches: Mapping[str, torch.Tensor]) -> VLLMGeometry:
         raise InconsistentLayersError(
             f"vLLM KV caches: keys {short_repr(odd, 200)} are not layer names (str keys, as vLLM's)"
         )
-    names = [cast(str, n) for n, _ in items]
+    names: list[str] = [n for n, _ in items]
     indexer = tuple(n for n in names if n.endswith(INDEXER_SUFFIX))
-    main = {cast(str, n): t for n, t in items if n not in indexer}  # type: ignore[misc]
+    main: dict[str, torch.Tensor] = {n: t for n, t in items if n not in indexer}
     parsed = [layer_index_from_name(n) for n in main]
     ids = [i for i in parsed if i is not None]
     if len(ids) == len(parsed) and len(set(ids)) != len(ids):
