@@ -116,7 +116,7 @@ def test_pool_metadata_that_disagrees_with_the_tensors():
 
 
 def test_unknown_and_invalid_options():
-    with pytest.raises(AdapterError, match="unknown adapt\\(\\) option"):
+    with pytest.raises(AdapterError, match="unknown adapt\\(\\) keyword"):
         adapt(torch.zeros(2, 2, 32, 3, 8), page_size=16, heads=3)
     with pytest.raises(AdapterError, match="positive integer"):
         adapt(torch.zeros(2, 2, 32, 3, 8), page_size=0)

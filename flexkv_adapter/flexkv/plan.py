@@ -36,7 +36,7 @@ from ..pipeline.adapting import adapt_source, hybrid_markers, recognise
 from ..pipeline.carve import Planes, check_consistent
 from ..pipeline.metadata import layer_ids_of, resolve_geometry
 from ..readers.containers import Located, own_class
-from ..readers.options import AdaptOptions, validate_options
+from ..readers.options import AdaptOptions, check_keywords, validate_options
 from ..readers.planes import carries_planes
 from ..readers.sources import Source, locate_source
 from ..readers.vllm_layout import is_vllm_dict
@@ -148,6 +148,7 @@ def plan(
     """
     extra: dict[str, Any] = dict(options)
     tp, total, model_dtype, model = _boundary(tp_size, total_kv_heads, model_dtype, model_config, extra)
+    check_keywords(set(options) - {"replicated_kv_heads"}, "plan")  # that one is refused with its own reason
     own_class(source, "plan(source)")
     if not isinstance(source, PoolView) and "axes" not in options and is_vllm_dict(source):
         if ignored := sorted(set(options) - {"kind"}):

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ..errors import AdapterError
 from ..readers.containers import own_class
+from ..readers.options import check_keywords
 from ..text import short_repr
 from .checks import readmit
 from .groups import check_model_groups, registration
@@ -64,6 +65,7 @@ def register(
     send = _register_method(client)
     _check_retry_options(attempts, interval_s, override_device_id)
     own_class(source, "register(source)")
+    check_keywords(set(plan_options) - {"replicated_kv_heads"}, "register")
     if isinstance(source, FlexKVPlan):
         if plan_options:
             raise AdapterError(

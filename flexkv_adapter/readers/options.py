@@ -6,13 +6,13 @@ How they combine with the pool's own metadata is :mod:`~flexkv_adapter.pipeline.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 import torch
 
 from ..config.integers import LIMIT, bounded_integer
-from ..config.problems import did_you_mean
+from ..config.problems import close_names
 from ..errors import AdapterError
 from ..model.axes import AxesLike, Axis, parse_axes
 from ..model.layout import ViewKind
@@ -146,17 +146,46 @@ _CHECKS: dict[str, Callable[[str, object], object]] = {
 }
 
 
+_PLAN_OWN = frozenset({"tp_size", "model_config", "total_kv_heads", "model_dtype"})
+ENTRY_KEYWORDS: dict[str, frozenset[str]] = {  # each entry point takes the ones before it: plan(adapt(...))
+    "adapt": KNOWN_OPTIONS | {"page_size"},
+    "plan": KNOWN_OPTIONS | {"page_size"} | _PLAN_OWN,
+    "register": KNOWN_OPTIONS | {"page_size"} | _PLAN_OWN | {"override_device_id", "attempts", "interval_s"},
+}
+
+
+def check_keywords(names: Iterable[str], entry: str) -> None:
+    """Refuse keywords ``entry``() does not take; the suggestion looks through every entry point's keywords
+    and says which one takes it, so ``plan(..., attempt=3)`` points at register()'s ``attempts``."""
+    unknown = sorted(set(names) - ENTRY_KEYWORDS[entry])
+    if not unknown:
+        return
+    everyone = sorted(set().union(*ENTRY_KEYWORDS.values()))
+
+    def hint(name: str) -> str:
+        if name in everyone:
+            return f" (a {_first_taker(name)}() keyword)"
+        found = close_names(name, everyone)
+        if not found:
+            return ""
+        takers = [k + ("" if k in ENTRY_KEYWORDS[entry] else f", a {_first_taker(k)}() keyword") for k in found]
+        return f" (did you mean {' or '.join(takers)}?)"
+
+    named = ", ".join(f"{name!r}{hint(name)}" for name in unknown)
+    raise AdapterError(f"unknown {entry}() keyword(s) {named}; {entry}() takes: {sorted(ENTRY_KEYWORDS[entry])}")
+
+
+def _first_taker(keyword: str) -> str:
+    return next(entry for entry, names in ENTRY_KEYWORDS.items() if keyword in names)
+
+
 def validate_options(options: Mapping[str, Any], page_size: object = None) -> dict[str, Any]:
     """The options with each value checked and normalised once (``None`` means not given).
 
     Booleans are never integers, sequences become lists, ``axes`` is parsed; anything else is an
     :class:`AdapterError` naming the option.
     """
-    unknown = set(options) - KNOWN_OPTIONS
-    if unknown:
-        known = sorted(KNOWN_OPTIONS | {"page_size"})  # page_size is adapt()'s own keyword, an option all the same
-        named = ", ".join(f"{name!r}{did_you_mean(name, known)}" for name in sorted(unknown))
-        raise AdapterError(f"unknown adapt() option(s) {named}; known: {known}")
+    check_keywords(options, "adapt")
     checked = {name: _CHECKS[name](name, value) for name, value in options.items() if value is not None}
     if page_size is not None:
         checked["page_size"] = _int("page_size", page_size, 1)

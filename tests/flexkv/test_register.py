@@ -145,11 +145,20 @@ def test_a_plan_of_meta_tensors_is_refused_at_registration(fake_flexkv):
     assert client.calls == []
 
 
-@pytest.mark.parametrize("typo", ["attempt", "tp_sise", "model_dtpye"])
-def test_plan_options_given_with_a_plan_are_refused_not_ignored(fake_flexkv, typo):
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("attempt", "attempts"), ("tp_sise", "tp_size"), ("model_dtpye", "model_dtype")]
+)
+def test_misspelt_keywords_given_with_a_plan_are_refused_not_ignored(fake_flexkv, typo, meant):
     client = RecordingClient()
-    with pytest.raises(AdapterError, match=f"takes no plan options \\({typo} would be ignored"):
+    with pytest.raises(AdapterError, match=f"unknown register\\(\\) keyword\\(s\\) '{typo}' \\(did you mean {meant}"):
         register(plan(_view()), client, **{typo: 3})
+    assert client.calls == []
+
+
+def test_plan_options_given_with_a_plan_are_refused_not_ignored(fake_flexkv):
+    client = RecordingClient()
+    with pytest.raises(AdapterError, match="takes no plan options \\(tp_size would be ignored"):
+        register(plan(_view()), client, tp_size=2)
     assert client.calls == []
 
 
