@@ -23,6 +23,8 @@ Scenarios (each restore is preceded by memory pressure: SGLang's own radix cache
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -112,7 +114,9 @@ def main(model: str, state_dir: str) -> None:
         engine.shutdown()
     emit({"started_s": round(started, 1), "total_s": round(time.monotonic() - t0, 1), "stored_after_cold": stored_a,
           "steps": run.steps, "counters": read_counters(state), "shared_pages": SHARED // PAGE,
-          "chunked_prefill_size": engine.server_args.chunked_prefill_size, "prompt": PROMPT})  # fmt: skip
+          "chunked_prefill_size": engine.server_args.chunked_prefill_size, "prompt": PROMPT,
+          "c_ext": importlib.import_module("flexkv.c_ext").__git_commit__,  # every process boots alike
+          "index_accel": os.environ.get("FLEXKV_INDEX_ACCEL", "FlexKV's default")})  # fmt: skip
 
 
 if __name__ == "__main__":

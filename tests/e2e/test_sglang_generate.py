@@ -10,6 +10,7 @@ SGLang's radix cache. Skipped, with the reason, without the SGLang engine enviro
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.engine_process import run_engine
+from tests.flexkv_cpu.compiled import compiled_ext
 from tests.flexkv_source import find
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +40,8 @@ NEEDS = [
 ]
 # (the last three are FlexKV's own requirements: xxhash for the hashing stand-in)
 PROBE = "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))"
+# FlexKV built with its compiled extension for SGLang's torch (scripts/install_flexkv.sh; scripts/test.sh sets it)
+SGLANG_SIDE_FLEXKV = os.environ.get("FLEXKV_SGLANG_SOURCE", "")
 DEADLINE_S = 420  # a hang guard: the run takes 2-3 minutes on a busy 2-core machine
 INSTALL = "bash scripts/install_sglang_engine_cpu.sh"
 
@@ -65,9 +69,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                    capture_output=True, timeout=300)  # fmt: skip
     sockets = tempfile.mkdtemp(prefix="fkv", dir="/tmp")  # ipc:// paths must stay short
     env = {
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(SITE), str(find().root), str(STANDINS)]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(SITE), SGLANG_SIDE_FLEXKV or str(find().root), str(STANDINS)]),
         "FLEXKV_CPU": "1", "FLEXKV_CPU_STATE_DIR": str(state), "FLEXKV_CPU_SHM_DIR": str(root / "shm"),
-        "FLEXKV_INDEX_ACCEL": "0", "FLEXKV_ENABLE_MPS": "0", "FLEXKV_CPU_CACHE_GB": "1",
+        "FLEXKV_ENABLE_MPS": "0", "FLEXKV_CPU_CACHE_GB": "1",
         "FLEXKV_SERVER_RECV_PORT": f"ipc://{sockets}/server", "SGLANG_PLUGINS": "flexkv_adapter",
     }  # fmt: skip
     try:
@@ -89,6 +93,15 @@ def test_prompts_are_prefilled_in_chunks(run):
     chunks of ``chunked_prefill_size`` tokens (managers/schedule_policy.py:932-942), so the restores below are
     of prompts SGLang prefilled chunk by chunk."""
     assert 0 < run["chunked_prefill_size"] < run["prompt"]
+
+
+def test_flexkv_runs_its_compiled_extension_and_index_where_built(run):
+    """With the build (scripts/test.sh), nothing stands in for c_ext but the GPU-only names, and FlexKV's
+    default index (the compiled one) serves; without it, the stand-ins and FlexKV's Python index."""
+    if compiled_ext([SGLANG_SIDE_FLEXKV or str(find().root)]) is not None:
+        assert re.fullmatch("[0-9a-f]{12}", run["c_ext"]) and run["index_accel"] == "FlexKV's default", run["c_ext"]
+    else:
+        assert run["c_ext"] == "cpu-stand-in" and run["index_accel"] == "0"
 
 
 def test_cold_run_is_served_by_nothing(run):

@@ -6,7 +6,8 @@ starts a fresh interpreter, so monkeypatching one process replaces nothing in th
 ``tests/flexkv_cpu/site`` on ``PYTHONPATH`` and ``FLEXKV_CPU=1`` every interpreter calls
 :func:`install` at start-up, which
 
-* serves ``flexkv.c_ext`` from :mod:`tests.flexkv_cpu.c_ext` (copy kernel, hashing, counters);
+* serves ``flexkv.c_ext`` from :mod:`tests.flexkv_cpu.c_ext`: FlexKV's compiled module where the tree has
+  one (its copy kernel replaced, with counters), else stand-ins (copy kernel, hashing, counters);
 * replaces, the moment FlexKV's module is imported, only what needs CUDA: ``KVTPClient``'s CUDA IPC
   registration (:mod:`tp_client`), ``cudaHostRegister``/unregister and ``ensure_cuda_device`` in the
   transfer worker (FlexKV's own code calls them before any copy);
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .compiled import compiled_ext
 
 ENABLED = "FLEXKV_CPU"
 
@@ -127,8 +130,9 @@ def install() -> None:
     """Once per interpreter, when ``FLEXKV_CPU=1``."""
     if os.environ.get(ENABLED) != "1" or any(isinstance(f, Finder) for f in sys.meta_path):
         return
-    for name in ("FLEXKV_INDEX_ACCEL", "FLEXKV_ENABLE_MPS"):
-        os.environ.setdefault(name, "0")
+    os.environ.setdefault("FLEXKV_ENABLE_MPS", "0")
+    if compiled_ext() is None:  # the stand-ins have no compiled radix index: FlexKV's Python one
+        os.environ.setdefault("FLEXKV_INDEX_ACCEL", "0")
     sys.meta_path.insert(0, Finder())
     _torch_without_gpu()
 
@@ -138,8 +142,12 @@ def install_for_test(monkeypatch: Any, flexkv_source: str) -> None:
     repo = str(Path(__file__).resolve().parents[2])
     site = str(Path(__file__).resolve().parent / "site")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, site, flexkv_source]))
-    for name, value in ((ENABLED, "1"), ("FLEXKV_INDEX_ACCEL", "0"), ("FLEXKV_ENABLE_MPS", "0")):
+    for name, value in ((ENABLED, "1"), ("FLEXKV_ENABLE_MPS", "0")):
         monkeypatch.setenv(name, value)
+    if compiled_ext([flexkv_source]) is None:
+        monkeypatch.setenv("FLEXKV_INDEX_ACCEL", "0")
+    else:
+        monkeypatch.delenv("FLEXKV_INDEX_ACCEL", raising=False)  # FlexKV's default: its compiled index
     if not any(isinstance(f, Finder) for f in sys.meta_path):  # a spawned child's start-up hook put one there
         monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
     _torch_without_gpu(monkeypatch.setattr)

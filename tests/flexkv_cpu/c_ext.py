@@ -1,4 +1,5 @@
-"""``flexkv.c_ext`` on CPU: the copy kernel (kernel.py), hashing (hasher.py), any other name a do-nothing class.
+"""``flexkv.c_ext`` on CPU: FlexKV's compiled module where the tree has one (compiled.py), else hashing
+(hasher.py) and any other name a do-nothing class; the copy kernel (kernel.py) in both.
 
 The copy kernel here also keeps the data plane's own counters (:mod:`counters`: blocks copied each
 way, per process, in ``$FLEXKV_CPU_STATE_DIR``) and, while the file ``$FLEXKV_CPU_STATE_DIR/perturb``
@@ -10,11 +11,13 @@ reads back must differ). With ``FLEXKV_INDEX_ACCEL=0`` FlexKV uses its Python ra
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
 from . import hasher
+from .compiled import GPU_ONLY, compiled_ext, load
 from .counters import COUNTERS, count, perturbing
 from .kernel import WORD, kernel
 from .stubs import AnyNameModule
@@ -49,12 +52,22 @@ def _counted(copy: Any) -> Any:
     return transfer_kv_blocks
 
 
-def module(registered: list[torch.Tensor] | None = None) -> AnyNameModule:
-    """The ``flexkv.c_ext`` module a CPU process imports (its kernel checks against ``registered``)."""
-    ext = AnyNameModule("flexkv.c_ext")
-    ext.__git_commit__ = "cpu-stand-in"  # type: ignore[attr-defined]
-    ext.Hasher = hasher.Hasher  # type: ignore[attr-defined]
-    ext.gen_hashes = hasher.gen_hashes  # type: ignore[attr-defined]
-    ext.get_hash_size = hasher.get_hash_size  # type: ignore[attr-defined]
+def module(registered: list[torch.Tensor] | None = None, source: str | None = None) -> types.ModuleType:
+    """The ``flexkv.c_ext`` module a CPU process imports (its kernel checks against ``registered``): FlexKV's
+    compiled one where the FlexKV tree (``source``, else the first on ``sys.path``) has one, with only
+    :data:`~tests.flexkv_cpu.compiled.GPU_ONLY` replaced; else the stand-ins."""
+    so = compiled_ext([source] if source else None)
+    ext: types.ModuleType
+    if so is not None:
+        ext = load(so)
+        stubs = AnyNameModule("gpu-only")
+        for name in GPU_ONLY:
+            setattr(ext, name, getattr(stubs, name))
+    else:
+        ext = AnyNameModule("flexkv.c_ext")
+        ext.__git_commit__ = "cpu-stand-in"  # type: ignore[attr-defined]
+        ext.Hasher = hasher.Hasher  # type: ignore[attr-defined]
+        ext.gen_hashes = hasher.gen_hashes  # type: ignore[attr-defined]
+        ext.get_hash_size = hasher.get_hash_size  # type: ignore[attr-defined]
     ext.transfer_kv_blocks = _counted(kernel(MAPPED if registered is None else registered))  # type: ignore[attr-defined]
     return ext
