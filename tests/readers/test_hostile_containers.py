@@ -18,14 +18,18 @@ from flexkv_adapter.readers import containers, sources, vllm_layout
 DUNDERS = ("__iter__", "__len__", "__bool__", "__getitem__", "__eq__", "__hash__", "__contains__", "__reversed__")
 
 
-def hostile(base: type, dunders: frozenset[str], lie: bool) -> type:
-    """A ``base`` subclass whose ``dunders`` raise, or (``lie``) answer as an empty container would."""
+EMPTY = {"__iter__": iter(()), "__len__": 0, "__bool__": False, "__contains__": False}
+
+
+def hostile(base: type, dunders: frozenset[str], lie: bool, answers: dict[str, Any] | None = None) -> type:
+    """A ``base`` subclass whose ``dunders`` raise, or (``lie``) answer from ``answers`` (default: as an empty
+    container would; a name missing there answers True)."""
 
     def make(name: str) -> Any:
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not lie:
                 raise RuntimeError(f"{name} raised")
-            return {"__iter__": iter(()), "__len__": 0, "__bool__": False, "__contains__": False}.get(name)
+            return (EMPTY if answers is None else answers).get(name, True)
 
         return method
 
@@ -85,17 +89,8 @@ MAPPING_METHODS = ("__iter__", "__len__", "__bool__", "__getitem__", "__contains
 
 
 def lying_or_raising(base: type, methods: frozenset[str], lie: bool) -> type:
-    """A ``base`` subclass whose ``methods`` raise, or (``lie``) answer True / nothing."""
-
-    def make(name: str) -> Any:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not lie:
-                raise RuntimeError(f"{name} raised")
-            return iter(()) if name == "__iter__" else True
-
-        return method
-
-    return type(f"Hostile{base.__name__.title()}", (base,), {n: make(n) for n in methods})
+    """A ``base`` subclass whose ``methods`` raise, or (``lie``) answer True (iteration: nothing)."""
+    return hostile(base, methods, lie, {"__iter__": iter(())})
 
 
 VLLM_BUFFER = torch.arange(2 * 4 * 16 * 2 * 16, dtype=torch.float32).to(torch.bfloat16).view(2, 4, 16, 2, 16)
