@@ -7,7 +7,7 @@ layers 8..1024 at a small per-layer size, and pool bytes 1 MiB..4 GiB at 8 layer
 ``bench.png`` (the plot needs matplotlib: ``pip install -e '.[bench]'``).
 
     python scripts/bench_adapt.py --out bench-out
-    python scripts/bench_adapt.py --markdown bench-out/bench.json   # the README's table
+    python scripts/bench_adapt.py --markdown bench-out/bench.json   # docs/benchmark.md's table
 
 Each point is warmed up, runs on one thread and repeats until its minimum is stable (see
 ``_time_until_stable``): on a shared machine the minimum is the figure others' load disturbs least.
@@ -160,7 +160,7 @@ def _ms(seconds: float) -> str:
 
 
 def markdown_table(payload: dict[str, Any]) -> str:
-    """The README's table, from a bench.json: the text cannot drift from the data it reports."""
+    """docs/benchmark.md's table, from a bench.json: the text cannot drift from the data it reports."""
     res = payload["results"]
 
     def pts(sweep: str, method: str, key: str = "min_s") -> list[float]:
@@ -211,7 +211,7 @@ def main() -> int:
         method, layers, rows, repeats = sys.argv[2], *map(int, sys.argv[3:6])
         print(json.dumps(run_point(method, layers, rows, repeats)))
         return 0
-    if len(sys.argv) > 2 and sys.argv[1] == "--markdown":  # the README table of an existing bench.json
+    if len(sys.argv) > 2 and sys.argv[1] == "--markdown":  # docs/benchmark.md's table of an existing bench.json
         print(markdown_table(json.loads(Path(sys.argv[2]).read_text())))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,7 +7,7 @@ Each engine runs in its own environment, as scripts/test.sh runs its tier: the v
 plots ``serving.png`` (needs matplotlib: ``pip install -e '.[bench]'``; without it the plot is skipped).
 
     python scripts/bench_serving.py --out docs/bench
-    python scripts/bench_serving.py --markdown docs/bench/serving.json   # the README's table
+    python scripts/bench_serving.py --markdown docs/bench/serving.json   # docs/benchmark.md's table
     python scripts/bench_serving.py --quick --out /tmp/x                  # a smoke run (seconds, not figures)
 
 - vLLM: vLLM's real Scheduler (``schedule`` + ``update_from_output``) with FlexKV's real scheduler-side
@@ -79,7 +79,7 @@ def verdict(row: dict[str, Any]) -> bool | None:
 
 
 def markdown_table(payload: dict[str, Any]) -> str:
-    """The README's table, from a serving.json: the text cannot drift from the data it reports."""
+    """docs/benchmark.md's table, from a serving.json: the text cannot drift from the data it reports."""
     lines = [
         "| engine | what is timed | FlexKV behind it | requests | baseline (µs) | plugin (µs) | added (µs) | ratio "
         "| no connector (µs) | goal |",
@@ -148,12 +148,12 @@ def plot(payload: dict[str, Any], path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (docs/bench: the README's)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (committed: docs/bench)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs; no figures")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts to run (vllm,sglang)")
     parser.add_argument("--vllm-python", default=str(ROOT / PARTS["vllm"] / "bin" / "python"))
     parser.add_argument("--sglang-python", default=str(ROOT / PARTS["sglang"] / "bin" / "python"))
-    parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the README table of a serving.json")
+    parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the table of a serving.json")
     parser.add_argument("--plot", type=Path, metavar="JSON", help="only plot an existing serving.json (to --out)")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
