@@ -130,7 +130,8 @@ def resolve_geometry(pool: object, page_size: int | None, options: Mapping[str, 
     axes: tuple[Axis, ...] | None = given.get("axes")
     layout, origin = owners_fact(pool, owners, "kv_cache_layout")  # SGLang MHA pools: "nhd" | "hnd" | "vectorized_5d"
     layout = str.__str__(layout) if isinstance(layout, str) else layout  # a str subclass's == may lie
-    if layout is not None and not (isinstance(layout, str) and layout in ("nhd", "hnd", "vectorized_5d")):
+    known = isinstance(layout, str) and layout in ("nhd", "hnd", "vectorized_5d")
+    if axes is None and layout is not None and not known:  # axes= names the layout instead
         raise NotAddressableError(
             f"{type(pool).__name__}: {origin}={short_repr(layout)} is not a layout adapt() reads ('nhd', 'hnd'; "
             f"SGLang's ROCm 'vectorized_5d' is refused by name); name the tensors' axes with axes=..."

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..errors import AmbiguousLayoutError, UnsupportedPoolError
+from ..errors import AmbiguousLayoutError, InconsistentLayersError, UnsupportedPoolError
 from ..model.copy_rules import storage_problem
 
 INDEXER_SUFFIX = ".k_cache"  # DeepSeek-V3.2 indexer entries; FlexKV's vLLM adapter splits them off by name
@@ -43,7 +43,15 @@ def layer_items(obj: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
         raise UnsupportedPoolError(
             f"{type(obj).__name__} is a mapping whose items() raised {type(exc).__name__}: {str(exc)[:120]}"
         ) from None
-    return [(str.__str__(n) if isinstance(n, str) else n, t) for n, t in items]
+    plain = [(str.__str__(n) if isinstance(n, str) else n, t) for n, t in items]
+    names = [n for n, _ in plain if isinstance(n, str)]
+    if len(set(names)) != len(names):  # two keys of the same characters (a str subclass hashes apart)
+        repeated = sorted({n for n in names if names.count(n) > 1})[:3]
+        raise InconsistentLayersError(
+            f"{type(obj).__name__}: layer names {repeated} appear twice (keys with the same characters that hash "
+            f"or compare apart); vLLM gives each layer one entry"
+        )
+    return plain
 
 
 def vllm_twin(tensors: Sequence[torch.Tensor]) -> str | None:

@@ -260,7 +260,7 @@ def vllm_form(
         raise NotAddressableError(
             f"{where}: {g.blocks} kernel blocks of {g.tokens} tokens do not group into manager blocks of {tokens}"
         )
-    read = _checked_read(kv_caches, where)
+    read = dict(layer_items(_checked_read(kv_caches, where)))  # by plain name, as read_geometry named them
     views = [read[n] for n in g.names]
     if g.heads > 1 and g.tokens > 1 and not views[0].permute(0, 2, 1, 3)[0].is_contiguous():
         raise NotAddressableError(

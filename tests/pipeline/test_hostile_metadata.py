@@ -61,6 +61,15 @@ def test_kv_cache_layout_reads_only_the_labels_sglang_names(label, route):
         assert "Error: " in got and "kv_cache_layout" in got, got
 
 
+@pytest.mark.parametrize("label", ["page_major", "NHD", np.array(["nhd", "nhd"])])
+def test_axes_given_read_a_pool_whatever_its_layout_label(label):
+    """axes= names the layout; the label is then not read (its refusal says to pass axes=)."""
+    got = outcome(adapt, SimpleNamespace(k_buffer=K, v_buffer=V, page_size=16, kv_cache_layout=label))
+    assert "kv_cache_layout" in got
+    labelled = SimpleNamespace(k_buffer=K, v_buffer=V, page_size=16, kv_cache_layout=label)
+    assert repr(adapt(labelled, axes="N H D")) == repr(adapt(mha_pool(), axes="N H D"))
+
+
 def test_an_unlabelled_pool_and_an_nhd_pool_read_alike():
     assert repr(adapt(mha_pool())) == repr(adapt(mha_pool(kv_cache_layout="nhd")))
 

@@ -135,3 +135,26 @@ def test_negative_control_read_through_its_own_methods_a_hostile_layer_name_esca
     monkeypatch.setattr(vllm_layout, "layer_items", lambda obj: list(obj.items()))
     with pytest.raises(RuntimeError, match="endswith raised"):
         plan(vllm_dict(dict, lying_or_raising(str, frozenset({"endswith"}), lie=False)), **VLLM_OPTIONS)
+
+
+class HashedApart(str):
+    """A layer name with the same characters as a plain one that hashes and compares apart."""
+
+    def __hash__(self) -> int:
+        return 7 + len(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+def test_layer_names_that_hash_apart_are_read_by_their_characters():
+    assert outcome(plan, vllm_dict(dict, HashedApart), VLLM_OPTIONS) == outcome(
+        plan, vllm_dict(dict, str), VLLM_OPTIONS
+    )
+
+
+def test_two_keys_of_the_same_characters_are_refused_not_merged():
+    name = "model.layers.0.self_attn.attn"
+    source = {name: VLLM_BUFFER[0].permute(0, 2, 1, 3), HashedApart(name): VLLM_BUFFER[1].permute(0, 2, 1, 3)}
+    with pytest.raises(AdapterError, match="appear twice"):
+        plan(source, **VLLM_OPTIONS)
