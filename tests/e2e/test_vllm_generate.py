@@ -4,7 +4,8 @@ One engine start (``tests/e2e/vllm_engine.py``, its own process group under a de
 scenario, greedy and with fixed lengths, on a tiny seeded Llama: a cold run of prompt A, A stored to
 FlexKV, A evicted from vLLM's prefix cache, A again (a FlexKV hit); a prompt sharing only A's first
 blocks (a partial hit); a negative control (FlexKV's CPU copy zeroed before the restore); and a failed
-FlexKV load under ``kv_load_failure_policy=recompute``. The restores are read from the data plane's own
+FlexKV load under ``kv_load_failure_policy=recompute``; a connector reset, and a pause clearing the caches
+right after ``generate()`` returned (FlexKV still storing that run). The restores are read from the data plane's own
 counters (the CPU copy kernel that FlexKV's transfer worker calls), not from vLLM's stats.
 """
 
@@ -66,3 +67,16 @@ def test_a_connector_reset_empties_flexkv_and_the_next_run_is_cold(run):
     assert run["reset"] is True  # FlexKV 34ab141's own reset fails on its task table as shipped (plugin: repaired)
     assert run["counters"]["after_reset"]["h2d_blocks"] == 0  # nothing left in FlexKV to restore
     assert run["after_reset"] == run["cold"]
+
+
+def test_a_pause_clearing_the_caches_right_after_generate_empties_both_and_the_next_run_is_cold(run):
+    """``pause_generation(clear_cache=True)`` (and ``sleep()``) reset with the connector and running requests;
+    with FlexKV's store of the run just returned still holding its blocks, vLLM raised before the plugin's
+    patch of its Scheduler."""
+    pause = run["pause"]
+    assert pause["store_pending"]  # the state generate() returns in: A's store not yet reported
+    assert "error" not in pause, pause["error"]
+    assert pause["vllm_cached"] == 0 and pause["flexkv_tasks"] == 0
+    assert run["counters"]["after_reset"]["d2h_blocks"] == 3  # A's store finished before FlexKV was emptied
+    assert run["counters"]["after_pause"]["h2d_blocks"] == 0  # nothing left in FlexKV to restore
+    assert run["after_pause"] == run["cold"]

@@ -175,6 +175,20 @@ class Run:
             time.sleep(0.01)
         raise AssertionError(f"vLLM's prefix cache could not be reset within {WAIT_STEPS} steps")
 
+    def pause_clearing_caches(self) -> dict[str, Any]:
+        """``pause_generation(clear_cache=True)`` as the engine runs it (``pause_scheduler``, whose ``_reset_caches``
+        calls ``reset_prefix_cache(reset_running_requests=True, reset_connector=True)``), then resume."""
+        core = self.llm.llm_engine.engine_core.engine_core
+        out: dict[str, Any] = {"store_pending": bool(self.flexkv.tasks_to_launch or self.flexkv.put_tasks)}
+        try:
+            core.pause_scheduler(mode="abort", clear_cache=True)
+        except Exception as exc:  # vLLM's RuntimeError before the plugin's Scheduler patch
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        core.resume_scheduler()
+        out["vllm_cached"] = len(core.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block)
+        out["flexkv_tasks"] = len(self.flexkv.req_id_to_task_dict)
+        return out
+
     def perturb(self, on: bool) -> None:
         """FlexKV's CPU copy is zeroed where the next restores read it (tests/flexkv_cpu/counters.py)."""
         flag = self.state / "perturb"
@@ -186,7 +200,8 @@ class Run:
 
 def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> dict[str, Any]:
     """Cold, stored, evicted, restored; a partial hit; a negative control; a failed load (recomputed); a reset
-    of vLLM's prefix cache with its connector (FlexKV emptied), then A again.
+    of vLLM's prefix cache with its connector (FlexKV emptied), then A again; a pause clearing the caches right
+    after that run returned, then A again.
 
     Each phase ends settled (FlexKV's stores done, vLLM's prefix cache empty), so the next one can only
     hit FlexKV, and the data plane's counters are read per phase.
@@ -207,17 +222,23 @@ def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> di
         out[name] = run.generate(tokens, max_tokens, salt=salt)
         run.perturb(False)
         out.setdefault("settle_steps", {})[name] = run.settle()
-        after = run.counters()
-        out["counters"][name] = {k: after[k] - before.get(k, 0) for k in after}
-        before = after
+        before = _count(run, out, name, before)
     out["fault_fired"] = run.fault.fired
     out["reset"] = run.llm.reset_prefix_cache(reset_connector=True)  # what a weight update runs: FlexKV emptied
-    out["after_reset"] = run.generate(a, max_tokens)
+    out["after_reset"] = run.generate(a, max_tokens)  # returns with A's store pending: FlexKV holds its blocks
+    out["pause"] = run.pause_clearing_caches()  # right away, as a weight update or sleep() would
+    before = _count(run, out, "after_reset", before)
+    out["after_pause"] = run.generate(a, max_tokens)
     run.settle()
-    after = run.counters()
-    out["counters"]["after_reset"] = {k: after[k] - before.get(k, 0) for k in after}
-    out["counters"]["total"] = after
+    out["counters"]["total"] = _count(run, out, "after_pause", before)
     return out
+
+
+def _count(run: Run, out: dict[str, Any], name: str, before: dict[str, int]) -> dict[str, int]:
+    """The data plane's counters since ``before`` into ``out["counters"][name]``; the counters now."""
+    after = run.counters()
+    out["counters"][name] = {k: after[k] - before.get(k, 0) for k in after}
+    return after
 
 
 def _start_sliding_window(model: Path, state: Path, window: int) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from flexkv_adapter.integrations.vllm.lifecycle import PATCHES as LIFECYCLE_PATCHES
 from flexkv_adapter.integrations.vllm.lifecycle import SLEEP_HOOKS
+from flexkv_adapter.integrations.vllm.scheduler_reset import MARK as SCHEDULER_MARK
 from tests.flexkv_source import find
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -89,8 +90,9 @@ PATCHED = (
     "_flexkv_adapter_installed",
     "requires_kv_delivery",
     "build_kv_connector_stats",
-    *LIFECYCLE_PATCHES,
+    *(n for n in LIFECYCLE_PATCHES if not n.startswith("Scheduler.")),
 )
+SCHEDULER_PATCHED = ("reset_prefix_cache", SCHEDULER_MARK)  # the plugin's one patch of vLLM's Scheduler
 
 
 def _load_real_adapter(path: str) -> None:
@@ -111,22 +113,25 @@ def _drop_flexkv() -> None:
 
 @pytest.fixture
 def connector_cls(monkeypatch):
-    """vLLM's FlexKVConnectorV1, unpatched, with FlexKV's real connector code over the stand-in; restored afterwards."""
+    """vLLM's FlexKVConnectorV1 (and Scheduler), unpatched, with FlexKV's real connector code over the stand-in;
+    restored afterwards."""
     if not REAL_ADAPTER:
         pytest.skip(FOUND.skip_reason)
     from vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector import FlexKVConnectorV1
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    saved = {n: FlexKVConnectorV1.__dict__.get(n) for n in PATCHED}
+    owners = ((FlexKVConnectorV1, PATCHED), (Scheduler, SCHEDULER_PATCHED))
+    saved = {(c, n): c.__dict__.get(n) for c, names in owners for n in names}
     _drop_flexkv()
     monkeypatch.syspath_prepend(str(FAKE))
     _load_real_adapter(REAL_ADAPTER)
     yield FlexKVConnectorV1
-    for name, value in saved.items():
+    for (cls, name), value in saved.items():
         if value is None:
-            if name in FlexKVConnectorV1.__dict__:
-                delattr(FlexKVConnectorV1, name)
+            if name in cls.__dict__:
+                delattr(cls, name)
         else:
-            setattr(FlexKVConnectorV1, name, value)
+            setattr(cls, name, value)
     _drop_flexkv()
 
 

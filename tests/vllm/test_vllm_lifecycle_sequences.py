@@ -70,10 +70,13 @@ def play(engine: Engine, control, ops, pipelined: bool = False) -> None:
         elif op[0] == "abort" and added:
             engine.scheduler.finish_requests(added[op[1] % len(added)], _aborted())
         elif op[0] == "reset":
+            resets, done = control["resets"], None
             try:
-                engine.scheduler.reset_prefix_cache(reset_running_requests=op[1], reset_connector=True)
+                done = engine.scheduler.reset_prefix_cache(reset_running_requests=op[1], reset_connector=True)
             except RuntimeError as exc:  # vLLM's own limit (sched:3213): a request still holds loaded blocks
                 assert "waiting for remote KV transfer" in str(exc)
+            assert control["resets"] - resets == int(bool(done)), "FlexKV reset, yet the reset said otherwise"
+            assert not done or not len(engine.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block)
         elif op[0] == "abort_mid" and added:
             loop.step(aborts=[added[op[1] % len(added)]])
         elif op[0] == "step":

@@ -1,11 +1,11 @@
 """vLLM 0.32/0.33 x FlexKV 34ab141 through the request lifecycle: the wrappers, listed in :data:`PATCHES`.
 
-Each entry names the method of vLLM's ``FlexKVConnectorV1`` it replaces, the vLLM lines it answers
-(0.33's line numbers) and the FlexKV lines it relies on (``vllm_v1_adapter.py`` = adp). Each wrapper
-is checked against what the running vLLM declares: the sleep/wake hooks (:data:`SLEEP_HOOKS`) exist
-on 0.33's ``KVConnectorBase_V1`` only and are wrapped only where the base class has them. The
-wrappers call only FlexKV methods and attributes that :func:`check_flexkv` has verified; a FlexKV or
-vLLM that differs (or a vLLM outside :data:`PROVEN`) is refused at construction with the reason,
+Each entry names the method of vLLM's ``FlexKVConnectorV1`` it replaces (``Scheduler.``: of vLLM's Scheduler,
+:mod:`.scheduler_reset`), the vLLM lines it answers (0.33's line numbers) and the FlexKV lines it relies on
+(``vllm_v1_adapter.py`` = adp). Each wrapper is checked against what the running vLLM declares: the sleep/wake
+hooks (:data:`SLEEP_HOOKS`) exist on 0.33's ``KVConnectorBase_V1`` only and are wrapped only where the base
+class has them. The wrappers call only FlexKV methods and attributes that :func:`check_flexkv` has verified; a
+FlexKV or vLLM that differs (or a vLLM outside :data:`PROVEN`) is refused at construction with the reason,
 instead of being run half-patched.
 """
 
@@ -63,6 +63,12 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
         "sched:3242; engine/core.py:932-944 (sleep, pause); sched:3395 keeps a storing request's blocks",
         "adp:288-313 drops get/put tasks and unlaunched stores (adp:541-556), adp:644 launch_tasks, adp:1025",
     ),
+    "Scheduler.reset_prefix_cache": (  # vLLM's Scheduler, not the connector: scheduler_reset.py
+        ("self", "reset_running_requests", "reset_connector"),
+        "sched:3212-3219 resets vLLM first and raises on held blocks, sched:3221-3222 the connector after; "
+        "sched:3579-3582 frees a stored request's blocks only on an output's finished_sending",
+        "adp:505-558 keeps a stored request's blocks until a poll reports its store (adp:692-728)",
+    ),
     "unregister_kv_caches": (("self",), "base.py:302; gpu_worker.py:319,371", "adp:964, adp:1119"),
     "restore_kv_caches": (("self",), "base.py:307; gpu_worker.py:344", "adp:967, adp:1123"),
     "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
@@ -108,9 +114,10 @@ def _base(cls: Any) -> Any:
 
 
 def applicable(cls: Any) -> tuple[str, ...]:
-    """The :data:`PATCHES` names this vLLM declares: all, less the sleep hooks where the base lacks them."""
+    """The connector's :data:`PATCHES` names this vLLM declares: all, less the sleep hooks where the base lacks them."""
     base = _base(cls)
-    return tuple(n for n in PATCHES if n not in SLEEP_HOOKS or (base is not None and hasattr(base, n)))
+    own = (n for n in PATCHES if not n.startswith("Scheduler."))
+    return tuple(n for n in own if n not in SLEEP_HOOKS or (base is not None and hasattr(base, n)))
 
 
 def vllm_mismatch(cls: Any, version: str | None = None) -> str | None:
@@ -219,7 +226,7 @@ def _poll(conn: Any, ledger: Ledger) -> None:
     ledger.add(classify(sending, recving, failed, snapshot(launched, launched.keys() - sched.get_tasks.keys())))
 
 
-def _drain(conn: Any, ledger: Ledger) -> bool:
+def drain(conn: Any, ledger: Ledger) -> bool:
     """Finish FlexKV's transfers before its reset, which drops their bookkeeping; False on timeout.
 
     A store prepared by request_finished but not launched yet would never be reported, and vLLM
@@ -274,7 +281,7 @@ def wrappers(cls: Any) -> dict[str, Any]:
         if ledger is None:  # worker side: FlexKV's answer (None)
             return orig["reset_cache"](self)  # type: ignore[no-any-return]
         try:
-            if not _drain(self, ledger):
+            if not drain(self, ledger):
                 logger.error(
                     "flexkv_adapter: FlexKV transfers still in flight after %.0f s; FlexKV's cache was NOT reset",
                     getattr(self, RESET_WAIT),
@@ -334,6 +341,7 @@ __all__ = [
     "applicable",
     "attach",
     "check_flexkv",
+    "drain",
     "excluded",
     "version_problem",
     "vllm_mismatch",

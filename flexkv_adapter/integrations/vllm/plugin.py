@@ -14,7 +14,8 @@ imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexK
 - ``get_required_kvcache_layout`` states LBNHC (used when ``VLLM_KV_CACHE_LAYOUT`` is unset and the
   attention backend supports it);
 - the request-lifecycle wrappers of :mod:`.lifecycle` (failed loads, reset, sleep/wake,
-  ``FLEXKV_SYNC_GET``, multimodal, LoRA and cache_salt requests), each listed there with the lines it answers;
+  ``FLEXKV_SYNC_GET``, multimodal, LoRA and cache_salt requests), each listed there with the lines it answers,
+  and, with the scheduler side, vLLM's ``Scheduler.reset_prefix_cache`` (:mod:`.scheduler_reset`);
 - ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.stats`).
 """
 
@@ -33,6 +34,7 @@ from ...errors import AdapterError, NotAddressableError
 from ...model.layout import ViewKind
 from . import features as vllm_features
 from . import lifecycle as vllm_lifecycle
+from . import scheduler_reset as vllm_scheduler_reset
 from . import stats as vllm_stats
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,8 @@ def _patch_connector(cls: Any) -> None:
             _kv_cache_config.reset(token)
         vllm_lifecycle.attach(self)
         vllm_stats.attach(self)
+        if hasattr(self, vllm_lifecycle.LEDGER):  # the scheduler side: vLLM's Scheduler resets FlexKV's way
+            vllm_scheduler_reset.install()
 
     @functools.wraps(original_register)
     def register_kv_caches(self: Any, kv_caches: dict[str, torch.Tensor]) -> None:
