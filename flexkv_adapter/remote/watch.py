@@ -32,10 +32,12 @@ class MasterWatch:
         try:
             self._sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
             self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(lost_s * 1000)))
-            self._sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(lost_s * 1000)))
         except zmq.ZMQError as exc:  # libzmq < 4.2: only a closed connection is noticed
             logger.warning("no ZMTP heartbeats (%s): a silent network loss will not be noticed", exc)
-        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(lost_s * 1000)))
+        # the handshake event is stable from libzmq 4.3; before, a TCP connect is all that is reported
+        self._up = zmq.EVENT_HANDSHAKE_SUCCEEDED if zmq.zmq_version_info() >= (4, 3) else zmq.EVENT_CONNECTED
+        events = self._up | zmq.EVENT_DISCONNECTED
         self._monitor: Any = self._sock.get_monitor_socket(events)
         self._sock.connect(f"tcp://{host}:{port}")
         self._started = time.monotonic()
@@ -48,7 +50,7 @@ class MasterWatch:
 
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
-            if event == self._zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if event == self._up:
                 self._connected = True
             elif event == self._zmq.EVENT_DISCONNECTED and self._connected:
                 return "its connection closed (the master process ended or restarted, or heartbeats went unanswered)"

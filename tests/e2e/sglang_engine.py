@@ -115,7 +115,7 @@ def main(model: str, state_dir: str) -> None:
     emit({"started_s": round(started, 1), "total_s": round(time.monotonic() - t0, 1), "stored_after_cold": stored_a,
           "steps": run.steps, "counters": read_counters(state), "shared_pages": SHARED // PAGE,
           "chunked_prefill_size": engine.server_args.chunked_prefill_size, "prompt": PROMPT,
-          "c_ext": importlib.import_module("flexkv.c_ext").__git_commit__,  # every process boots alike
+          "c_ext": importlib.import_module("flexkv.c_ext").__git_commit__,  # the same path and boot as its children
           "index_accel": os.environ.get("FLEXKV_INDEX_ACCEL", "FlexKV's default")})  # fmt: skip
 
 

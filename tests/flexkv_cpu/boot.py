@@ -131,8 +131,8 @@ def install() -> None:
     if os.environ.get(ENABLED) != "1" or any(isinstance(f, Finder) for f in sys.meta_path):
         return
     os.environ.setdefault("FLEXKV_ENABLE_MPS", "0")
-    if compiled_ext() is None:  # the stand-ins have no compiled radix index: FlexKV's Python one
-        os.environ.setdefault("FLEXKV_INDEX_ACCEL", "0")
+    if compiled_ext() is None:  # the stand-ins have no compiled radix index: FlexKV's Python one, always
+        os.environ["FLEXKV_INDEX_ACCEL"] = "0"
     sys.meta_path.insert(0, Finder())
     _torch_without_gpu()
 

@@ -8,6 +8,7 @@ Only what needs a GPU is replaced on top of the compiled module (:data:`GPU_ONLY
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -24,19 +25,28 @@ def compiled_ext(roots: Iterable[str] | None = None) -> Path | None:
     """The compiled ``c_ext`` of the first FlexKV tree among ``roots`` (default: ``sys.path``), or None."""
     for root in sys.path if roots is None else roots:
         package = Path(root or ".") / "flexkv"
-        if (package / "__init__.py").is_file():
-            found = sorted(package.glob("c_ext*.so"))
-            return found[0] if found else None
+        if (package / "__init__.py").is_file():  # the suffixes this interpreter loads, in import's order
+            found = [package / f"c_ext{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+            return next((f for f in found if f.is_file()), None)
     return None
 
 
 def load(path: Path) -> types.ModuleType:
-    """The compiled module itself (pybind11 3 uses multi-phase init: ``exec_module`` must follow)."""
-    import torch  # noqa: F401 -- c_ext links torch's libraries, loaded by importing torch
+    """The compiled module itself (pybind11 3 uses multi-phase init: ``exec_module`` must follow). An extension
+    is loaded once per process: every call gives the same module, and what is set on it stays."""
+    import torch  # c_ext links torch's libraries, loaded by importing torch
 
     spec = importlib.util.spec_from_file_location("flexkv.c_ext", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} is not a loadable extension module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # most often: built for another torch (a CUDA build; this one is CPU-only)
+        info = path.parent.parent / "BUILD_INFO"
+        built = info.read_text().strip() if info.is_file() else "unknown"
+        raise ImportError(
+            f"FlexKV's compiled extension {path} does not load under torch {torch.__version__} ({exc}); it was "
+            f"built as: {built}. Put a FlexKV tree without c_ext.so first on the path for the stand-ins"
+        ) from exc
     return module

@@ -62,7 +62,7 @@ def test_a_plan_of_a_view_with_a_typo_is_not_told_it_is_already_adapted():
     assert "already adapted" not in str(err.value) and "tp_size" in str(err.value)
 
 
-def test_negative_control_the_correctly_spelt_keywords_are_taken():
+def test_negative_control_the_correctly_spelt_keywords_are_taken(fake_flexkv):
     assert plan(VIEW, tp_size=1) is not None
     assert register(plan(VIEW), CLIENT, attempts=1, interval_s=0.0) is not None
     assert adapt(POOL, page_size=16) is not None
