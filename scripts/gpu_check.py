@@ -18,7 +18,9 @@ Parts 1 and 3 live in gpu_check_copy.py, part 2 in gpu_check_share.py; this file
 
     python scripts/gpu_check.py [--device auto|cuda|cpu] [--big-gib 100] [--out result.json]
 
-Prints one JSON object; exits 0 when no check failed (skipped checks say why).
+Prints one JSON object, then a verdict as the last line on stderr (``gpu_check: ok`` or
+``gpu_check: N failures``, N the length of the JSON's ``failures``); exits 0 when no check failed
+(skipped checks say why).
 """
 
 from __future__ import annotations
@@ -49,7 +51,17 @@ from gpu_check_copy import check_zero_copy, raw_bytes, roots, stride_blind_copy 
 from gpu_check_share import share_with_child  # isort: skip
 from gpu_check_sleep import sleep_check  # isort: skip
 
-__all__ = ["check_zero_copy", "failures", "main", "raw_bytes", "roots", "run", "share_with_child", "stride_blind_copy"]
+__all__ = [
+    "check_zero_copy",
+    "failures",
+    "main",
+    "raw_bytes",
+    "roots",
+    "run",
+    "share_with_child",
+    "stride_blind_copy",
+    "verdict",
+]
 
 
 def big_pool(device: torch.device, gib: float) -> dict[str, Any]:
@@ -176,7 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(text)
+    sys.stdout.flush()  # the verdict comes after the JSON, also where both go to one terminal or file
+    print(f"gpu_check: {verdict(results['failures'])}", file=sys.stderr)
     return 0 if results["ok"] else 1
+
+
+def verdict(found: list[str]) -> str:
+    """``ok``, or how many checks failed (their lines are the JSON's ``failures``)."""
+    return "ok" if not found else f"{len(found)} failure{'s' if len(found) > 1 else ''}"
 
 
 if __name__ == "__main__":

@@ -2,21 +2,32 @@
 
 Refusals and opt-in warnings are expected outcomes here, so they are shown as numbered footnotes
 under the table (full text, ``Fix:`` lines included) instead of as log lines that look like failures.
+Each view adapt() gives is also handed to ``plan()``: the ``flexkv`` column says whether FlexKV can
+register it (``yes``, or ``no`` with the reason in a few words and in full in the row's note).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AdapterError
 
-COLUMNS = ("source", "view", "layers", "excl", "rows", "aliased", "copied")
-LEGEND = "view: what FlexKV gets and the recognizer that read the KV; excl: layers not offloaded; aliased/copied: bytes"
+if TYPE_CHECKING:
+    from ..model.views import PoolView
+    from .samples import Sample
+
+COLUMNS = ("source", "view", "flexkv", "layers", "rows", "bytes")
+LEGEND = (
+    "view: what FlexKV gets and the recognizer that read the KV; flexkv: whether FlexKV can register the view "
+    "(plan()'s verdict); layers: offloaded (+N: layers with parts not offloaded); rows: pool rows -> block-aligned "
+    "rows; bytes: aliased/copied"
+)
 _WIDTH = 100
 _LONG = 50  # a parenthesised explanation this long is printed once; later notes point to it
 
@@ -75,52 +86,88 @@ def ignored_line(ignored: Sequence[str]) -> str:
     return f"The demo ran with the library's defaults; it ignored {', '.join(ignored)} from the environment."
 
 
+def _flexkv(view: PoolView, sample: Sample) -> dict[str, Any]:
+    """plan()'s verdict on ``view``: whether FlexKV can register it, and if not, why (in a few words and in full)."""
+    from ..flexkv.plan import plan
+
+    verdict: dict[str, Any] = {"registers": True, "expected_registers": not sample.plan_refusal}
+    try:
+        plan(view)
+    except AdapterError as exc:
+        short = sample.plan_short if sample.plan_refusal and sample.plan_short else type(exc).__name__
+        verdict.update(registers=False, short=short, error=type(exc).__name__, reason=str(exc))
+    return verdict
+
+
 def demo_rows(quiet: bool = True) -> tuple[list[dict[str, Any]], bool]:
-    """One row per sample: outcome, the full error or report, and the warnings it logged."""
+    """One row per sample: outcome, the full error or report, plan()'s verdict on the view (``flexkv``;
+    None where adapt() refused), and the warnings it logged."""
     from ..pipeline.adapting import adapt
 
     rows: list[dict[str, Any]] = []
     ok = True
     for sample in _samples():
-        row: dict[str, Any] = {"source": sample.name, "expected": sample.refused_with or "adapted"}
+        row: dict[str, Any] = {"source": sample.name, "expected": sample.refused_with or "adapted", "flexkv": None}
         with _captured(quiet) as capture:
             try:
-                report = adapt(sample.build(), **sample.options).report
+                view = adapt(sample.build(), **sample.options)
             except AdapterError as exc:
                 row.update(outcome=type(exc).__name__, error=str(exc))
             else:
-                row.update(outcome="adapted", report=report.to_dict())
+                row.update(outcome="adapted", report=view.report.to_dict(), flexkv=_flexkv(view, sample))
         row["warnings"] = capture.messages
-        row["ok"] = row["outcome"] == row["expected"]
+        verdict = row["flexkv"]
+        row["ok"] = row["outcome"] == row["expected"] and (
+            verdict is None or verdict["registers"] == verdict["expected_registers"]
+        )
         ok &= row["ok"]
         rows.append(row)
     return rows, ok
 
 
+def failure(row: dict[str, Any]) -> str:
+    """Why a row is not what its sample expects, in one line."""
+    if row["outcome"] != row["expected"]:
+        return f"{row['source']}: expected {row['expected']}, got {row['outcome']}"
+    verdict = row["flexkv"]
+    if verdict["registers"]:
+        return f"{row['source']}: expected plan() to refuse the view, it planned it"
+    return f"{row['source']}: expected plan() to plan the view, got {verdict['error']}"
+
+
 def _note(row: dict[str, Any]) -> str | None:
     """The footnote text of a row, or None when there is nothing to explain."""
-    tag = "expected" if row["ok"] else "UNEXPECTED"
+    tag = "expected" if row["outcome"] == row["expected"] else "UNEXPECTED"
     if "error" in row:
         return f"{tag} refusal, {row['outcome']}: {row['error']}"
+    notes = []
     if row["warnings"]:
         opted = " (the sample opts in with hybrid='attention_only')" if "attention_only" in row["source"] else ""
-        return f"{tag} warning{opted}: " + "\n".join(w["message"] for w in row["warnings"])
-    return None
+        notes.append(f"{tag} warning{opted}: " + "\n".join(w["message"] for w in row["warnings"]))
+    verdict = row["flexkv"]
+    tag = "expected" if verdict["registers"] == verdict["expected_registers"] else "UNEXPECTED"
+    if not verdict["registers"]:
+        reason = re.sub(r"^<[^<>]*>: ", "", verdict["reason"])  # the view's repr: the row names the source
+        notes.append(f"{tag} plan() refusal (FlexKV cannot register this view), {verdict['error']}: {reason}")
+    elif not verdict["expected_registers"]:
+        notes.append(f"{tag}: plan() planned this view; the sample expects a refusal")
+    return "\n".join(notes) or None
 
 
 def _cells(row: dict[str, Any], mark: str) -> tuple[str, ...]:
     r = row.get("report")
     if not r:
-        return (row["source"], f"refused{mark}", "-", "-", "-", "-", "-")
+        return (row["source"], f"refused{mark}", "-", "-", "-", "-")
+    verdict = row["flexkv"]
+    excluded = len({lid for lid, _ in r["excluded_layers"]})
     # a hybrid's recognizer is "detector/kv-recognizer": the detector is named in the row's note
     return (
         row["source"],
         f"{r['kind'].upper()} {r['recognizer'].rsplit('/', 1)[-1]}{mark}",
-        str(len(r["layer_ids"])),
-        str(len({lid for lid, _ in r["excluded_layers"]})),
+        "yes" if verdict["registers"] else f"no: {verdict['short']}",
+        f"{len(r['layer_ids'])}{f' (+{excluded})' if excluded else ''}",
         f"{r['rows']} -> {r['aligned_rows']}",
-        str(r["bytes_aliased"]),
-        str(r["bytes_copied"]),
+        f"{r['bytes_aliased']}/{r['bytes_copied']}",
     )
 
 
@@ -167,13 +214,15 @@ def _wrap(number: int, text: str) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The table, with ``[n]`` marks in the view column and the notes they point to below it."""
-    cells, notes = [], []
+    """The table, with ``[n]`` marks in the view column and the notes they point to below it (rows with the
+    same note share its number)."""
+    cells, notes, numbers = [], [], {}
     for row in rows:
         note = _note(row)
-        if note:
+        if note and note not in numbers:
             notes.append(note)
-        cells.append(_cells(row, f" [{len(notes)}]" if note else ""))
+            numbers[note] = len(notes)
+        cells.append(_cells(row, f" [{numbers[note]}]" if note else ""))
     widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
 
     def line(c: Sequence[str]) -> str:

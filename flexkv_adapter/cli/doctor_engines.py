@@ -1,8 +1,8 @@
-"""``doctor``'s engine rows: SGLang and vLLM versions, plugin entry points, opt-in, launch flags.
+"""``doctor``'s engine rows: SGLang and vLLM versions, plugin entry points and selection, launch flags.
 
 Read from package metadata and the environment only: importing an engine takes seconds and may
 fail on a machine that only runs the remote. The vLLM range is the plugin's own (``PROVEN`` in
-:mod:`.integrations.vllm.lifecycle`), so doctor and the plugin cannot disagree.
+:mod:`.integrations.vllm.versions`), so doctor and the plugin cannot disagree.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Literal
 
-from ..integrations.sglang.plugin import OPT_IN_ENV, PLUGIN_NAME, opted_in
-from ..integrations.vllm.lifecycle import PROVEN_TEXT, version_problem
+from ..integrations.sglang.plugin import PLUGIN_NAME
+from ..integrations.vllm.versions import PROVEN_TEXT, version_problem
+from .doctor_plugins import sglang_selection, vllm_selection
 
 Row = tuple[str, Literal["ok", "warn", "error"], str]
 SGLANG_PROVEN = (0, 5, 23)  # the release the SGLang plugin was proven on (tests/sglang, tests/e2e)
@@ -52,15 +53,8 @@ def _sglang_version(version: str) -> Row:
 
 
 def _selected(engine: str, environ: Mapping[str, str]) -> Row:
-    if engine == "sglang":
-        if opted_in(environ):
-            return ("sglang plugin", "ok", "selected (SGLANG_PLUGINS or FLEXKV_ADAPTER_SGLANG)")
-        return ("sglang plugin", "warn", f"not selected: set SGLANG_PLUGINS={PLUGIN_NAME} (or {OPT_IN_ENV}=1)")
-    named = environ.get("VLLM_PLUGINS")
-    if named is None or PLUGIN_NAME in {n.strip() for n in named.split(",")}:
-        how = "selected (VLLM_PLUGINS unset loads every plugin)" if named is None else "selected"
-        return ("vllm plugin", "ok", how)
-    return ("vllm plugin", "warn", f"not selected: VLLM_PLUGINS={named!r} leaves out {PLUGIN_NAME}; append it")
+    """The plugin-selection row: the value found, read as the engine reads it, and any near miss (doctor_plugins)."""
+    return sglang_selection(environ) if engine == "sglang" else vllm_selection(environ)
 
 
 def engine_rows(environ: Mapping[str, str] = os.environ) -> list[Row]:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import AdapterError, SettingsError
+from .parsing import Parser
 
 DESCRIPTION = """\
 Zero-copy, block-aligned FlexKV views of KV-cache pools.
@@ -20,7 +21,7 @@ Python API: `from flexkv_adapter import adapt, plan, register`."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import demo_rows, ignored_line, library_defaults, table
+    from .demo import demo_rows, failure, ignored_line, library_defaults, table
 
     with library_defaults() as ignored:
         rows, ok = demo_rows(quiet=args.verbose == 0)
@@ -29,8 +30,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(table(rows) + (f"\n\n{ignored_line(ignored)}" if ignored else ""))
     if not ok:
-        bad = next(r for r in rows if not r["ok"])
-        print(f"error: {bad['source']}: expected {bad['expected']}, got {bad['outcome']}", file=sys.stderr)
+        print(f"error: {failure(next(r for r in rows if not r['ok']))}", file=sys.stderr)
         return 1
     return 0
 
@@ -62,20 +62,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(  # its error() adds a did-you-mean, for the subcommands' parsers too
         prog="flexkv-adapter", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     # -v after the subcommand too: its own dest, summed in main(), so neither place overrides the other
-    verbose = argparse.ArgumentParser(add_help=False)
+    verbose = Parser(add_help=False)
     verbose.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def command(name: str, what: str) -> argparse.ArgumentParser:
+    def command(name: str, what: str) -> Parser:
         # help= is the line in the command list; description= the first line of `COMMAND --help`
-        return sub.add_parser(name, parents=[verbose], help=what, description=what[0].upper() + what[1:] + ".")
+        parsed = sub.add_parser(name, parents=[verbose], help=what, description=what[0].upper() + what[1:] + ".")
+        parsed.is_command = True
+        return parsed
 
     demo = command("demo", "adapt one small CPU pool of every supported kind and print a table")
     demo.add_argument("--json", action="store_true", help="machine-readable output")

@@ -30,6 +30,7 @@ class Sample:
     options: dict[str, Any] = field(default_factory=dict)
     refused_with: str | None = None
     plan_refusal: str = ""  # why plan() must refuse the view adapt() returns; empty: plan() must accept it
+    plan_short: str = ""  # that reason in a few words, for the demo's flexkv column
 
 
 _NARROW_V = (
@@ -141,9 +142,9 @@ def _minimax_pool() -> SimpleNamespace:
 
 
 SAMPLES: tuple[Sample, ...] = (
-    Sample("sglang MHA", _mha_pool, plan_refusal=_NARROW_V),
-    Sample("sglang MHA fp8 (uint8)", lambda: _mha_pool(torch.uint8), plan_refusal=_NARROW_V),
-    Sample("sglang MHA, PP stage 2", lambda: _mha_pool(start_layer=L), plan_refusal=_NARROW_V),
+    Sample("sglang MHA", _mha_pool, plan_refusal=_NARROW_V, plan_short="narrow V"),
+    Sample("sglang MHA fp8 (uint8)", lambda: _mha_pool(torch.uint8), plan_refusal=_NARROW_V, plan_short="narrow V"),
+    Sample("sglang MHA, PP stage 2", lambda: _mha_pool(start_layer=L), plan_refusal=_NARROW_V, plan_short="narrow V"),
     Sample("sglang MLA", _mla_pool),
     Sample("renamed k_cache/v_cache", _renamed("k_cache", "v_cache")),
     Sample("renamed key_cache/value_cache", _renamed("key_cache", "value_cache")),

@@ -113,7 +113,7 @@ class LayoutSpec(BaseModel):
         lines = [f"spec {self.name}: {self.kind.upper() if self.kind else 'MHA or MLA'} layout: {outcome}"]
         if self.description:
             lines.append(f"  {self.description}")
-        lines.append(f"  tensors: {'/'.join(self.attrs) if self.attrs else 'the pool object itself'}")
+        lines.append(f"  attrs: {'/'.join(self.attrs) if self.attrs else 'the pool object itself'}")
         lines.append(f"  axes [{self.axes}]:")
         lines += [f"    {a.value:>2}  {_AXIS_MEANING[a]}" for a in self.parsed_axes]
         geometry = {k: v for k, v in self.to_options().items() if k not in ("kind", "attrs", "axes")}
@@ -160,6 +160,7 @@ def validation_problems(exc: ValidationError, limit: int = 8, from_yaml: bool = 
     items = [
         f"{'.'.join(clip(str(p), 60) for p in e['loc'])}"
         f"{'' if e['type'] == 'missing' else '=' + short_repr(e.get('input'))}: {problem(e, LayoutSpec, from_yaml)}"
+        f"{' (did you mean attrs?)' if e['type'] == 'extra_forbidden' and e['loc'] == ('tensors',) else ''}"
         for e in errors[:limit]
     ]
     if len(errors) > limit:

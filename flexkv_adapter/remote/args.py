@@ -149,7 +149,7 @@ def build_parser(prog: str = "start_remote.py") -> argparse.ArgumentParser:
     general.add_argument(
         "--dry-run",
         action="store_true",
-        help="check settings and paths, print the plan (JSON), exit 0; changes nothing",
+        help="change nothing: print the plan (JSON), exit with a real start's status",
     )
     general.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser

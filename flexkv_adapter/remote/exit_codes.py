@@ -8,7 +8,7 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     """Process exit status of ``start_remote.py`` (table: docs/start_remote.md)."""
 
-    OK = 0  # clean shutdown after SIGTERM/SIGINT/SIGHUP, or a successful --dry-run
+    OK = 0  # clean shutdown after SIGTERM/SIGINT/SIGHUP, or a --dry-run that found nothing a real start would refuse
     SETTINGS = 2  # invalid settings, command line or --config file
     NODE_RANK_ZERO = 3  # node 0 runs the master, not a remote
     LOOPBACK_MASTER = 4  # loopback master address with nnodes > 1 (allow_loopback_master overrides)
@@ -38,9 +38,9 @@ class RemoteExit(Exception):
 # exit summary in --help (remote/args.py) and the table in docs/start_remote.md (a test keeps the page in step).
 MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: (
-        "clean shutdown after SIGTERM/SIGINT/SIGHUP, or `--dry-run` with valid settings (it changes nothing; "
-        "a missing FlexKV, an unreachable master, a held lock, a port in use and a FlexKV-spawned remote "
-        "are warnings)",
+        "clean shutdown after SIGTERM/SIGINT/SIGHUP, or `--dry-run` when a real start would start (it changes "
+        "nothing; a master that does not answer yet and a FlexKV-spawned remote for another master are warnings; "
+        "otherwise it exits with the status the real start would give)",
         "no",
     ),
     ExitCode.SETTINGS: (
@@ -64,7 +64,7 @@ MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ),
     ExitCode.FLEXKV_MISSING: (
         "the transfer manager (FlexKV) cannot be imported, or its import raised; the line says why "
-        "(a warning under `--dry-run`)",
+        "(`--dry-run` too, after its plan)",
         "no",
     ),
     ExitCode.ALREADY_RUNNING: (

@@ -31,7 +31,7 @@ def test_demo_table(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["source", "view", "layers", "excl", "rows", "aliased", "copied"]
+    assert lines[0].split() == ["source", "view", "flexkv", "layers", "rows", "bytes"]
     assert "sglang MHA" in out and "MHA sglang-mha" in out and "refused [" in out
     assert max(map(len, lines)) <= 100
     assert "expected refusal, NotAddressableError:" in out  # the class is in the note a row points to
@@ -44,7 +44,8 @@ def test_demo_notes_give_each_long_explanation_once(capsys):
     assert sum(json.dumps(p).count(swa) for p in pools) >= 4  # JSON keeps every error in full
     assert main(["demo"]) == 0
     notes = capsys.readouterr().out.partition("\nNotes")[2]
-    assert notes.count(swa) == 1 and "(as above)" in notes and "(as in [1])" in notes
+    first = re.findall(r"\n\[(\d+)\] ", notes[: notes.index(swa)])[-1]  # the note that gives it in full
+    assert notes.count(swa) == 1 and "(as above)" in notes and f"(as in [{first}])" in notes
 
 
 def test_once_points_later_notes_to_the_first_and_keeps_short_ones():
@@ -77,8 +78,11 @@ def test_demo_gives_full_reasons_in_json_and_footnotes_and_keeps_expected_warnin
     captured = capsys.readouterr()
     table, _, notes = captured.out.partition("\nNotes")
     marked = [line for line in table.splitlines() if re.search(r" \[\d+\] ", line)]
-    assert len(marked) == len(opted) + sum("error" in p for p in pools)
-    assert all(f"\n[{n}] expected " in "\n" + notes.split("\n", 1)[1] for n in range(1, len(marked) + 1))
+    unplanned = [p for p in pools if p["flexkv"] and not p["flexkv"]["registers"]]
+    assert len(marked) == len(opted) + sum("error" in p for p in pools) + len(unplanned)
+    numbers = {int(n) for line in marked for n in re.findall(r" \[(\d+)\] ", line)}  # a shared note, one number
+    assert numbers == set(range(1, len(numbers) + 1)) and len(numbers) == len(marked) - len(unplanned) + 1
+    assert all(f"\n[{n}] expected " in "\n" + notes.split("\n", 1)[1] for n in numbers)
     assert "Fix: pass axes=" in notes and "offloading attention layers" in notes
     assert not caplog.records
 

@@ -30,12 +30,20 @@ def _rows(environ: dict[str, str]) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize(
     ("vllm", "status"),
-    [("0.33.0", "ok"), ("0.32.0+cpu", "ok"), ("0.31.2", "error"), ("0.34.0", "error"), ("nightly", "error")],
+    [
+        ("0.34.0", "ok"),
+        ("0.33.0", "ok"),
+        ("0.32.0+cpu", "ok"),
+        ("0.31.2", "error"),
+        ("0.35.0", "error"),
+        ("0.99.0", "error"),
+        ("nightly", "error"),
+    ],
 )
 def test_vllm_version_is_checked_against_the_plugins_own_range(monkeypatch, vllm, status):
     _installed(monkeypatch, {"vllm": vllm}, {"vllm"})
     rows = _rows({})
-    assert rows["vllm"][0] == status and "0.32" in rows["vllm"][1] and "0.33" in rows["vllm"][1]
+    assert rows["vllm"][0] == status and all(v in rows["vllm"][1] for v in ("0.32", "0.33", "0.34"))
     assert rows["sglang"] == ("ok", "not installed here (install flexkv-adapter into the engine's environment)")
 
 

@@ -1,8 +1,10 @@
 """start_remote --dry-run changes nothing, and every exit has its line (real subprocesses, real files).
 
 A dry run validates settings and paths, looks at the lock, the ports and the ready file without
-taking, binding, writing or deleting, reports a missing FlexKV and an unreachable master as
-warnings, and exits 0 when the settings are valid, whatever state its output streams are in.
+taking, binding, writing or deleting, and exits with the status a real start would give now (a
+missing FlexKV 5, a held lock 6, another remote's ready file 8, a health port in use 9; an
+unreachable master is only a warning, as a real start waits for it), whatever state its output
+streams are in.
 """
 
 from __future__ import annotations
@@ -48,24 +50,32 @@ def tree(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else b"" for p in sorted(path.rglob("*"))}
 
 
-def test_a_dry_run_without_flexkv_prints_the_plan_warns_with_the_hint_and_changes_nothing(tmp_path):
+def test_a_dry_run_without_flexkv_prints_the_plan_with_the_hint_exits_5_and_changes_nothing(tmp_path):
     (tmp_path / "run").mkdir(mode=0o700)
     before = tree(tmp_path)
-    code, out, err = run(
-        tmp_path,
-        "--dry-run",
-        lock_dir=None,
-        transfer_manager=None,
-        env={"XDG_RUNTIME_DIR": str(tmp_path / "run"), "CUDA_VISIBLE_DEVICES": "1"},
-    )
-    assert code == ExitCode.OK, err
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "CUDA_VISIBLE_DEVICES": "1"}
+    code, out, err = run(tmp_path, "--dry-run", lock_dir=None, transfer_manager=None, env=env)
+    assert code == ExitCode.FLEXKV_MISSING, err
     report = json.loads(out)
     assert report["dry_run"] is True and report["transfer_manager"].startswith("flexkv.")
+    assert report["exit_status"] == ExitCode.FLEXKV_MISSING
     assert any("would exit 5" in w and FLEXKV_INSTALL_HINT in w for w in report["warnings"]), report
     assert any("not reachable now" in w for w in report["warnings"]), report
     assert "would clear CUDA_VISIBLE_DEVICES='1'" in report["gpu_visibility"]
-    assert " WARNING start_remote: dry run: " in err and " ERROR " not in err
+    assert " WARNING start_remote: dry run: " in err
+    errors = [line for line in err.splitlines() if " ERROR start_remote: " in line]
+    assert errors == [err.splitlines()[-1]] and "dry run: a real start would exit 5: " in errors[0], err
     assert tree(tmp_path) == before  # no lock file, no directory, nothing removed
+    code, _, err = run(tmp_path, lock_dir=None, transfer_manager=None, env=env)  # the real start: the same status
+    assert code == ExitCode.FLEXKV_MISSING, err
+
+
+def test_a_dry_run_that_finds_nothing_a_real_start_would_refuse_exits_0_with_an_unreachable_master(tmp_path):
+    code, out, err = run(tmp_path, "--dry-run")  # the stand-in transfer manager imports; nothing listens
+    report = json.loads(out)
+    assert code == ExitCode.OK and report["exit_status"] == 0, err
+    assert [w for w in report["warnings"] if "not reachable now" in w] == report["warnings"] != []
+    assert " ERROR " not in err
 
 
 def test_a_dry_run_never_touches_a_live_remotes_ready_file_lock_or_port(tmp_path):
@@ -79,15 +89,19 @@ def test_a_dry_run_never_touches_a_live_remotes_ready_file_lock_or_port(tmp_path
         ports = ",".join(map(str, first.ports))
         standin = "tests.remote.standin:StandInRemote"
         common = {"ready_file": first.ready_file, "transfer_manager": standin, "lock_dir": tmp_path / "locks"}
-        # the same master: its lock is held and its health port answers; both are warnings, nothing taken
-        code, out, err = run(tmp_path, "--dry-run", master_ports=ports, health_port=first.health_port, **common)
-        assert code == ExitCode.OK, err
+        # the same master: its lock is held and its health port answers; all reported, nothing taken, and
+        # the status is the first a real start meets (the lock: 6)
+        same = {"master_ports": ports, "health_port": first.health_port, **common}
+        code, out, err = run(tmp_path, "--dry-run", **same)
+        assert code == ExitCode.ALREADY_RUNNING, err
         warnings = " | ".join(json.loads(out)["warnings"])
         assert f"would exit 6: start_remote pid {first.proc.pid}" in warnings
         assert "would exit 8" in warnings and "would exit 9" in warnings
-        # another master, the same ready file: a dry run leaves it; a real start refuses with 8
+        code, _, err = run(tmp_path, **same)
+        assert code == ExitCode.ALREADY_RUNNING, err  # the real start's status is the dry run's
+        # another master, the same ready file: a dry run leaves it and exits 8, as the real start does
         code, out, err = run(tmp_path, "--dry-run", **common)
-        assert code == ExitCode.OK and first.ready_file.read_bytes() == written, err
+        assert code == ExitCode.LOCAL_FILES and first.ready_file.read_bytes() == written, err
         code, _, err = run(tmp_path, **common)
         assert code == ExitCode.LOCAL_FILES and f"pid {first.proc.pid}" in err, err
         assert first.ready_file.read_bytes() == written and first.health()[0] == 200
@@ -149,6 +163,7 @@ def test_help_shows_defaults_and_every_exit_status(tmp_path):
     text = " ".join(done.stdout.split())
     assert "(default: 5556,5557,5558)" in text and "(default: 30.0)" in text
     assert "full table: docs/start_remote.md#exit-statuses" in text
+    assert "--dry-run change nothing: print the plan (JSON), exit with a real start's status" in text
     for code in ExitCode:  # each with its meaning's first words (the full table is the docs')
         assert f"{int(code)} {MEANINGS[code][0].replace('`', '')[:12].rstrip(':')}" in text, code
 

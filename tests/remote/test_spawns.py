@@ -102,7 +102,8 @@ def test_start_remote_refuses_a_spawn_for_its_master_and_warns_for_another(tmp_p
         assert code == ExitCode.MASTER_UNREACHABLE, err
         assert "spawned a remote for another master" in err and str(spawn.pid) in err
         code, out, err = run(tmp_path, "--dry-run", master_ports=",".join(map(str, listening)))
-        assert code == ExitCode.OK and f"would exit 6: FlexKV's engine spawned a remote, pid {spawn.pid}:" in out
+        assert code == ExitCode.ALREADY_RUNNING, err  # the dry run's status is the real start's
+        assert f"would exit 6: FlexKV's engine spawned a remote, pid {spawn.pid}:" in out
     finally:
         spawn.close()
 

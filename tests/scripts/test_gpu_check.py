@@ -35,6 +35,7 @@ def test_cpu_mode_runs_every_part_and_prints_json(tmp_path):
     )
     result = json.loads(done.stdout)
     assert done.returncode == 0, result["failures"]
+    assert done.stderr.splitlines()[-1] == "gpu_check: ok"  # the verdict, after the JSON
     assert result["ok"] and result["device"] == "cpu" and result["gpu"] is None
     assert json.loads(out.read_text()) == result
     assert len(result["pools"]) >= 15 and not any("error" in e for e in result["pools"].values())
@@ -88,3 +89,14 @@ def test_a_plan_outcome_other_than_the_samples_expectation_is_a_failure(gpu_chec
     assert module.failures(results) == ["p: plan() 'refused: PlanError: x', expected 'planned'"]
     pool["plan_expected"] = "refused: narrow V"
     assert module.failures(results) == []
+
+
+def test_gpu_check_ends_with_a_verdict_line_that_counts_the_failures(gpu_check, monkeypatch, capsys):
+    """The last line on stderr counts the JSON's failures list; the control is the CPU run above (ok)."""
+    found = ["p: plan() 'refused: PlanError: x', expected 'planned'", "share: ['t0']"]
+    monkeypatch.setattr(gpu_check, "run", lambda *_: {"failures": found, "ok": False})
+    assert gpu_check.main(["--device", "cpu"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["failures"] == found
+    assert captured.err.splitlines()[-1] == "gpu_check: 2 failures"
+    assert [gpu_check.verdict(f) for f in ([], ["a"], ["a", "b", "c"])] == ["ok", "1 failure", "3 failures"]
