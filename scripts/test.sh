@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run everything CI checks: lint, type check, the full test suite, the real-SGLang
 # tier (SGLang's own pool classes, in .venv-sglang; SKIP_SGLANG_TIER=1 skips it), the real-vLLM
-# tier on vLLM 0.33 and 0.32 (in .venv-vllm; SKIP_VLLM_TIER=1 skips both) and the end-to-end tier
+# tier on vLLM 0.33, 0.32 and 0.34 (in .venv-vllm; SKIP_VLLM_TIER=1 skips all three) and the end-to-end tier
 # (real engines generate through FlexKV, tests/e2e; SKIP_E2E_TIER=1 skips it).
 # Arguments go to the main suite's pytest. Every step runs even when one fails; the last lines sum
 # up each step and the total, and the exit status is 1 when any step failed.
@@ -121,6 +121,9 @@ tier vllm SKIP_VLLM_TIER install_vllm_cpu.sh .venv-vllm/bin/python "${TIER_PYTES
 # the same tier on vLLM 0.32's scheduler: vllm-cpu 0.32 in its own folder over .venv-vllm
 tier vllm-0.32 SKIP_VLLM_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh" \
     env VLLM_TARGET_DEVICE=cpu PYTHONPATH=.venv-vllm/vllm-0.32 .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
+# the same tier on vLLM 0.34's scheduler, config and connector code: vllm 0.34 (CUDA wheel, no deps) over .venv-vllm
+tier vllm-0.34 SKIP_VLLM_TIER "install_vllm_cpu.sh install_vllm034.sh" \
+    env PYTHONPATH=.venv-vllm/vllm-0.34 .venv-vllm/bin/python "${TIER_PYTEST[@]}" tests/vllm
 # real engines generating through the plugin and FlexKV's Python; each engine runs in its own process
 tier e2e SKIP_E2E_TIER "install_vllm_cpu.sh install_vllm032_cpu.sh install_sglang_engine_cpu.sh" \
     env FLEXKV_SGLANG_SOURCE="$SGLANG_FLEXKV" .venv/bin/python "${TIER_PYTEST[@]}" tests/e2e

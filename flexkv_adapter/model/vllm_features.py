@@ -1,6 +1,7 @@
-"""vLLM 0.32/0.33's feature table: every ``KVCacheSpec`` type, KV cache groups, request features and options,
+"""vLLM 0.32-0.34's feature table: every ``KVCacheSpec`` type, KV cache groups, request features and options,
 each served (with its proof), bypassed per request, or refused (plain data, read by the vLLM plugin; docs/vllm.md
-shows it, generated). ``tests/vllm/test_vllm_features.py`` fails when vLLM defines a spec type no row names."""
+shows it, generated). ``tests/vllm/test_vllm_features.py`` fails when vLLM defines a spec type no row names.
+:data:`SINCE` names the rows whose setting a vLLM release added: older releases lack the setting (and the feature)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ WINDOW = (
 )
 MULTIMODAL = f"{T}test_vllm_lifecycle_state.py::test_multimodal_requests_with_the_same_placeholders_share_no_kv"
 HISPARSE = "a HiSparse group: its blocks hold a hot subset of tokens, not the prompt's positions"
+MEMORY = f"{T}test_vllm_kv_memory.py::"
+EXTENSIBLE = "extensible KV cache (vLLM 0.34)"
+LENDING = "KV memory lent to a weight update (vLLM 0.34)"
+NOT_EXTENSIBLE = (
+    "Leave --enable-extensible-kv-cache unset (vLLM then keeps it off), or pass --no-enable-extensible-kv-cache"
+)
+DECIDED = "vLLM's config (its own refusal of --enable-extensible-kv-cache), and engine start"
+INFLIGHT = f"{T}test_vllm_inflight_loads.py::"
+PAUSE = f"{T}test_vllm_pause_kv_memory.py::"
 
 
 def _parallel(name: str, setting: str, reason: str) -> Feature:
@@ -110,20 +120,50 @@ OTHER_ROWS: tuple[Feature, ...] = (
             "without_the_wrappers_a_failed_load_is_served_as_a_hit"),
     Feature("kv_load_failure_policy=recompute (V2 GPU model runner)", OPTION, "refused", "vLLM's V2 GPU model "
             "runner recomputes a rejected load from a stale offset (vllm#49250, open: wrong output)", where=START,
-            instead="Keep kv_load_failure_policy=fail (the default), or set VLLM_USE_V2_MODEL_RUNNER=0"),
-    Feature("sleep mode (vLLM 0.33)", OPTION, "served", "FlexKV unmaps vLLM's KV memory before sleep and registers "
-            "it again on wake", proof=f"{T}test_vllm_lifecycle_state.py::test_sleep_then_wake_then_store_and_hit_"
-            "again", control=f"{T}test_vllm_lifecycle_state.py::test_negative_control_without_the_wrappers_sleep_"
-            "leaves_flexkv_mapped"),
+            instead="Keep kv_load_failure_policy=fail (the default), or set VLLM_USE_V2_MODEL_RUNNER=0 (vLLM 0.32 "
+            "and 0.33; 0.34 has no other GPU runner)"),
+    Feature("sleep mode (vLLM 0.33, 0.34)", OPTION, "served", "FlexKV unmaps vLLM's KV memory before sleep and "
+            "registers it again on wake", proof=f"{T}test_vllm_lifecycle_state.py::test_sleep_then_wake_then_store_"
+            "and_hit_again", control=f"{T}test_vllm_lifecycle_state.py::test_negative_control_without_the_wrappers_"
+            "sleep_leaves_flexkv_mapped"),
     Feature("sleep mode (vLLM 0.32)", OPTION, "refused", "vLLM 0.32's connector base has no sleep/wake hooks, so "
             "nothing would tell FlexKV that vLLM freed the KV memory it copies to", where=START,
-            instead="Turn sleep mode off, or use vLLM 0.33"),
+            instead="Turn sleep mode off, or use vLLM 0.33 or 0.34"),
+    Feature(EXTENSIBLE, OPTION, "refused", "vLLM 0.34's driver-mapped KV memory (committed after warm-up, one "
+            "storage per layer, released on sleep, lent to weight updates), never proven with FlexKV: as shipped, "
+            "FlexKV's export of it fails at start (no shareable handle). The plugin's kv_cache_access answers "
+            "LEGACY_IPC (FlexKV shares vLLM's KV memory through legacy CUDA IPC, as on 0.32 and 0.33), so vLLM keeps "
+            "the extensible KV cache off", where=DECIDED, instead=NOT_EXTENSIBLE,
+            trigger=("cache_config.enable_extensible_kv_cache", True),
+            proof=f"{MEMORY}test_on_cuda_vllms_decision_keeps_the_extensible_kv_cache_off_with_flexkv",
+            control=f"{MEMORY}test_negative_control_without_the_plugins_answer_cuda_turns_the_extensible_kv_cache_on"),
+    Feature(LENDING, OPTION, "refused", "a weight reload borrowing the KV memory of a paused, cleared engine "
+            "(engine/core.py 0.34: 1075-1085); vLLM lends only an extensible KV cache, which FlexKV's connector "
+            "keeps off (refused with it: the two are one setting)", where=DECIDED, instead=NOT_EXTENSIBLE),
+    Feature("lookahead block hashes (vLLM 0.34)", OPTION, "refused", "EAGLE block-drop hashing ahead of a block's "
+            "end (config/vllm.py 0.34: 633-654), which needs speculative decoding, refused here; the connector keeps "
+            "vLLM's supports_lookahead_block_hashes (False), so vLLM hashes without lookahead", where=START,
+            instead="Run without speculative decoding to use FlexKV"),
+    Feature("reset_connector=False on sleep, release_kv_cache_memory, pause_generation (vLLM 0.34)", OPTION,
+            "served", "FlexKV is emptied too, whatever reset_connector says, before vLLM frees or releases the KV "
+            "memory FlexKV copied from (FlexKV cannot tell whether the weights change before the engine runs "
+            "again); if FlexKV cannot be emptied, vLLM's call raises before it frees anything",
+            proof=f"{PAUSE}test_flexkv_is_emptied_whatever_reset_connector_says_and_nothing_from_before_is_served"
+            "[sleep]", control=f"{PAUSE}test_negative_control_without_the_rule_flexkv_serves_kv_from_before_the_"
+            "memory_was_freed[sleep]"),
+    Feature("--max-num-inflight-kv-loads (vLLM 0.34)", OPTION, "served", "FlexKV's loads count against the cap; "
+            "the connector keeps vLLM's may_load_async (only P/D remote prefills), so a FlexKV load starts only "
+            "when a running slot is free, as without the option",
+            proof=f"{INFLIGHT}test_with_the_inflight_cap_flexkv_hits_load_in_turn_and_hold_the_right_kv",
+            control=f"{INFLIGHT}test_negative_control_a_broken_registration_under_the_cap_loads_other_bytes"),
     Feature("attention backends", "attention backend", "served", "classified by the KV cache layout they ask for; "
             "every layout is read right or refused (docs/vllm.md#layouts)",
             proof=f"{T}test_vllm_layouts.py::test_every_layout_and_kind_is_adapted_right_or_refused", control=BROKEN),
 )  # fmt: skip
 
 RECOMPUTE_V2 = "kv_load_failure_policy=recompute (V2 GPU model runner)"
-VLLM = FeatureTable("vLLM 0.32/0.33", "docs/vllm.md#features", SPEC_ROWS + OTHER_ROWS)
+VLLM = FeatureTable("vLLM 0.32-0.34", "docs/vllm.md#features", SPEC_ROWS + OTHER_ROWS)
+# row -> the vLLM (major, minor) whose config first has the row's trigger setting
+SINCE: dict[str, tuple[int, int]] = {EXTENSIBLE: (0, 34)}
 
-__all__ = ["OPTION", "RECOMPUTE_V2", "REQUEST", "SPEC", "VLLM"]
+__all__ = ["OPTION", "RECOMPUTE_V2", "REQUEST", "SINCE", "SPEC", "VLLM"]

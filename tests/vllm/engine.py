@@ -1,7 +1,8 @@
-"""A CPU stand-in for vLLM's engine loop (0.32 or 0.33): the REAL Scheduler (with its real KVCacheManager) and
-the real worker-side connector driver, stepped by hand: schedule -> worker -> update_from_output.
+"""A CPU stand-in for vLLM's engine loop (0.32, 0.33 or 0.34): the REAL Scheduler (with its real KVCacheManager)
+and the real worker-side connector driver, stepped by hand: schedule -> worker -> update_from_output.
 The driver is the V2 model runner's ``ActiveKVConnector`` (``driver="v2"``) or the V1 runner's
-``KVConnectorModelRunnerMixin._get_kv_connector_output`` (``driver="v1"``).
+``KVConnectorModelRunnerMixin._get_kv_connector_output`` (``driver="v1"``), which vLLM 0.34 deleted with the
+V1 runner: ``driver="v1"`` skips there (:func:`v1_driver_reason`), and only that driver imports it.
 
 Only the model is replaced: its "forward" writes, into every block a scheduled token touches, bytes
 that are a function of the token prefix up to that block's end (:func:`kv_bytes`), through vLLM's
@@ -10,7 +11,9 @@ own per-layer views. So a block holds the right KV exactly when it holds ``kv_by
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
 from typing import Any
 
 import torch
@@ -18,6 +21,18 @@ import torch
 from .build import LAYER_NAMES, allocate, backing, connector_config
 
 BLOCK = 16
+V1_MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin"
+
+
+def v1_driver_reason() -> str:
+    """Why the V1 runner's connector driver cannot run on this vLLM ("" where its module imports)."""
+    import importlib.util
+
+    if importlib.util.find_spec(V1_MIXIN) is not None:
+        return ""
+    import vllm
+
+    return f"vLLM {vllm.__version__} has no V1 model runner ({V1_MIXIN}): only its V2 runner's driver exists"
 
 
 def kv_bytes(prefix: list[int], layer: int, nbytes: int) -> torch.Tensor:
@@ -47,6 +62,7 @@ class Engine:
         workers: int = 1,
         driver: str = "v2",
         scheduler_cls: Any = None,
+        scheduler_settings: dict[str, Any] | None = None,
     ) -> None:
         from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
@@ -54,10 +70,16 @@ class Engine:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
+        if driver == "v1" and (reason := v1_driver_reason()):
+            import pytest
+
+            pytest.skip(reason)
         self.kv_caches, kv_cache_config, _ = allocate("LBNHC", "mha3", blocks=blocks)
         self.config = connector_config(tmp_path, "mha3")
         self.config.kv_transfer_config.kv_load_failure_policy = policy
         self.config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        for name, value in (scheduler_settings or {}).items():  # read by the Scheduler's constructor too
+            setattr(self.config.scheduler_config, name, value)
         self.scheduler = (scheduler_cls or Scheduler)(
             vllm_config=self.config,
             kv_cache_config=kv_cache_config,
@@ -124,7 +146,6 @@ class Engine:
         from vllm.distributed.kv_transfer import kv_transfer_state
         from vllm.forward_context import set_forward_context
         from vllm.v1.outputs import ModelRunnerOutput
-        from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
         kv_transfer_state._KV_CONNECTOR_AGENT = worker
         if driver is not None:  # the V2 runner: pre_forward, forward, finish_forward, post_forward
@@ -132,18 +153,18 @@ class Engine:
             sampled = self._forward(so) if forward else {r: [] for r in so.num_scheduled_tokens}
             driver.finish_forward()
             kv_output = driver.post_forward(so.finished_req_ids)
-        else:
+        else:  # the V1 runner (vLLM 0.32, 0.33): its mixin drives the connector around the forward
+            KVConnectorModelRunnerMixin = importlib.import_module(V1_MIXIN).KVConnectorModelRunnerMixin
             with (
                 set_forward_context(None, self.config),
                 KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kv_output,
             ):
                 sampled = self._forward(so) if forward else {r: [] for r in so.num_scheduled_tokens}
         req_ids = list(sampled)
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[sampled[r] for r in req_ids],
-            kv_connector_output=kv_output,
+        fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+        index = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if "req_id_to_index" in fields else {}
+        return ModelRunnerOutput(  # 0.34 dropped req_id_to_index: passed only where the dataclass declares it
+            req_ids=req_ids, sampled_token_ids=[sampled[r] for r in req_ids], kv_connector_output=kv_output, **index
         )
 
     def step(self) -> Any:

@@ -1,4 +1,4 @@
-"""The vLLM feature table against the installed vLLM (0.32 or 0.33): complete, and enforced at engine start.
+"""The vLLM feature table against the installed vLLM (0.32, 0.33 or 0.34): complete, and enforced at engine start.
 
 Completeness: every ``KVCacheSpec`` subclass vLLM defines, found by importing vLLM and by reading its source,
 is a row; a new vLLM release with a new spec type turns this red instead of being served by default. The
@@ -134,15 +134,24 @@ def test_the_spec_builder_is_vllms_own():
 
 
 def test_every_option_trigger_is_a_setting_of_vllms_config_and_off_by_default():
+    """Each trigger is a setting of this vLLM's config, off by default; a row a later vLLM added (SINCE) names a
+    setting this vLLM lacks, or SINCE is wrong."""
+    import vllm
+
+    from flexkv_adapter.integrations.vllm.versions import version_problem
     from flexkv_adapter.model.features import turned_on
-    from flexkv_adapter.model.vllm_features import OPTION
+    from flexkv_adapter.model.vllm_features import OPTION, SINCE
 
     from .build import vllm_config
 
-    config, missing = vllm_config(), []
+    assert version_problem(vllm.__version__) is None
+    running = tuple(int(p) for p in vllm.__version__.split(".")[:2])
+    config, missing, expected = vllm_config(), [], []
     for row in VLLM.of_kind(OPTION):
         if not row.trigger:
             continue
+        if SINCE.get(row.name, (0, 0)) > running:
+            expected.append(row.trigger[0])
         obj = config
         for part in row.trigger[0].split("."):
             if not hasattr(obj, part):
@@ -151,4 +160,4 @@ def test_every_option_trigger_is_a_setting_of_vllms_config_and_off_by_default():
             obj = getattr(obj, part)
         else:
             assert not turned_on(obj, row.trigger[1]), row.name  # vLLM's default starts
-    assert missing == []
+    assert missing == expected

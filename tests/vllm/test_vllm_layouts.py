@@ -145,3 +145,17 @@ def test_adapt_exposes_vllm_mla_rows_and_refuses_packed_mha():
     mha, _, _ = allocate("LBNHC", "mha3")
     with pytest.raises(NotAddressableError, match="plan"):
         adapt(mha, page_size=16)
+
+
+def test_layers_in_separate_storages_are_not_called_kv_sharing_aliases():
+    """One vLLM allocation per layer (vLLM 0.34's extensible KV cache gives each layer its own storage): every
+    view starts at offset 0, which is no alias; the note says what it is. KV sharing stays an alias (control)."""
+    from flexkv_adapter.readers.vllm_layout import vllm_form
+
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+    separate = {n: next(iter(allocate("LBNHC", "mla", layers=1)[0].values())) for n in names}
+    note = vllm_form(separate, kind="mla", block_size=64).note
+    assert "alias" not in note and "separate storages" in note
+    sharing, _, _ = allocate("LBNHC", "mla")
+    sharing["model.layers.3.self_attn.attn"] = sharing[names[0]]
+    assert "KV-sharing layers alias" in vllm_form(sharing, kind="mla", block_size=64).note

@@ -9,6 +9,7 @@ the table refuses are read off ``vllm_config`` when the connector is constructed
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,12 +41,25 @@ def check_specs(kv_cache_config: Any) -> None:
             raise UnsupportedFeatureError(f"flexkv_adapter: {problem}")
 
 
+V1_GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"  # vLLM 0.32, 0.33; 0.34 deleted it with the V1 runner
+
+
+def _has_v1_gpu_runner() -> bool:
+    try:
+        return importlib.util.find_spec(V1_GPU_RUNNER) is not None
+    except Exception:  # no vLLM to ask
+        return False
+
+
 def _v2_gpu_runner(vllm_config: Any) -> bool:
-    """vLLM's V2 model runner on a GPU platform (vllm#49250 is in its update_requests); CPU runs the CPU runner."""
+    """vLLM's V2 model runner on a GPU platform (vllm#49250 is in its update_requests, the same in 0.34); CPU runs
+    the CPU runner. Where vLLM has no V1 GPU runner (0.34) every GPU run is the V2 runner, whatever the config says."""
     try:
         gpu = bool(importlib.import_module("vllm.platforms").current_platform.is_cuda_alike())
     except Exception:  # no vLLM platform to ask: not a GPU runner
         return False
+    if gpu and not _has_v1_gpu_runner():
+        return True
     try:
         return gpu and bool(getattr(vllm_config, "use_v2_model_runner", False))
     except Exception:  # the property raises for a configuration vLLM itself refuses

@@ -1,12 +1,12 @@
-"""vLLM 0.32/0.33 x FlexKV 34ab141 through the request lifecycle: the wrappers, listed in :data:`PATCHES`.
+"""vLLM 0.32-0.34 x FlexKV 34ab141 through the request lifecycle: the wrappers, listed in :data:`PATCHES`.
 
 Each entry names the method of vLLM's ``FlexKVConnectorV1`` it replaces (``Scheduler.``: of vLLM's Scheduler,
-:mod:`.scheduler_reset`), the vLLM lines it answers (0.33's line numbers) and the FlexKV lines it relies on
-(``vllm_v1_adapter.py`` = adp). Each wrapper is checked against what the running vLLM declares: the sleep/wake
-hooks (:data:`SLEEP_HOOKS`) exist on 0.33's ``KVConnectorBase_V1`` only and are wrapped only where the base
-class has them. The wrappers call only FlexKV methods and attributes that :func:`check_flexkv` has verified; a
-FlexKV or vLLM that differs (or a vLLM outside :data:`PROVEN`) is refused at construction with the reason,
-instead of being run half-patched.
+:mod:`.scheduler_reset`), the vLLM lines it answers (0.33's line numbers, 0.34's where marked) and the FlexKV lines
+it relies on (``vllm_v1_adapter.py`` = adp). Each wrapper is checked against what the running vLLM declares: the
+names in :data:`WHERE_DECLARED` (0.33's sleep/wake hooks, 0.34's ``kv_cache_access``) are wrapped only where vLLM's
+``KVConnectorBase_V1`` has them. The wrappers call only FlexKV methods and attributes that :func:`check_flexkv` has
+verified; a FlexKV or vLLM that differs (or a vLLM outside :data:`~.versions.PROVEN`) is refused at construction
+with the reason, instead of being run half-patched.
 """
 
 from __future__ import annotations
@@ -14,21 +14,21 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import re
 import time
 from typing import Any
 
 from ...config.settings import load_settings
-from ...errors import AdapterError
 from ...flexkv.reset import repair_task_table
+from . import kv_memory
+from .flexkv_contract import check_flexkv
 from .ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
+from .versions import PROVEN, PROVEN_TEXT, version_problem
 
 logger = logging.getLogger(__name__)
 
-PROVEN = ((0, 32), (0, 33))  # vLLM minor versions the wrappers were proven on (tests/vllm on both)
-PROVEN_TEXT = "vLLM 0.32 and 0.33"
 # Only where vLLM's KVConnectorBase_V1 declares them (0.33: base.py:209, 302, 307; not in 0.32)
 SLEEP_HOOKS = ("unregister_kv_caches", "restore_kv_caches")
+WHERE_DECLARED = (*SLEEP_HOOKS, kv_memory.NAME)  # kv_cache_access: 0.34's base.py:205-213 only
 LEDGER = "_flexkv_adapter_ledger"
 ASLEEP = "_flexkv_adapter_asleep"
 RESET_WAIT = "_flexkv_adapter_reset_wait_s"
@@ -66,47 +66,30 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "Scheduler.reset_prefix_cache": (  # vLLM's Scheduler, not the connector: scheduler_reset.py
         ("self", "reset_running_requests", "reset_connector"),
         "sched:3212-3219 resets vLLM first and raises on held blocks, sched:3221-3222 the connector after; "
-        "sched:3579-3582 frees a stored request's blocks only on an output's finished_sending",
+        "sched:3579-3582 frees a stored request's blocks only on an output's finished_sending; 0.34: "
+        "engine/core.py:981-995, 1050-1059, 1174-1192 (sleep, release, pause keep the connector on request)",
         "adp:505-558 keeps a stored request's blocks until a poll reports its store (adp:692-728)",
     ),
     "unregister_kv_caches": (("self",), "base.py:302; gpu_worker.py:319,371", "adp:964, adp:1119"),
     "restore_kv_caches": (("self",), "base.py:307; gpu_worker.py:344", "adp:967, adp:1123"),
     "get_finished": (("self", "finished_req_ids"), "kv_connector_model_runner_mixin.py:94", "adp:1093 (None, None)"),
     "get_block_ids_with_load_errors": (("self",), "kv_connector_model_runner_mixin.py:100", "adp:1280 (set())"),
+    kv_memory.NAME: (  # a classmethod: vLLM asks the class, so its bound signature is checked (kv_memory.py)
+        ("kv_transfer_config",),
+        "0.34: base.py:205-213 (IN_PROCESS); config/vllm.py:3180-3266 turns the extensible KV cache on",
+        "flexkv/common/memory_handle.py:688-692 cannot export driver-mapped memory without a shareable handle",
+    ),
     # wrapped by vllm_stats.wrap (installed by vllm.install), not by wrappers()
     "get_kv_connector_stats": (("self",), "base.py:453-454 (last interval); metrics.py:65-91 sums", "adp:1247-1278"),
 }
+CLASS_METHODS = (kv_memory.NAME,)  # installed with classmethod(): vLLM asks the class, before any construction
 # Base-class methods the workers' report travels through (kv_connector.py:83-150 -> base.py:249-290, 416-424):
 # vLLM's FlexKVConnectorV1 must not override them, or the wrapped get_finished is never asked.
 BASE_PATH = ("get_transfer_results", "bind_connector_metadata", "_get_connector_metadata", "has_connector_metadata")
-# FlexKV 34ab141: (owner, method) -> parameters the wrappers call with
-FLEXKV_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("impl", "build_connector_meta"): ("self", "scheduler_output"),
-    ("impl", "reset_cache"): ("self",),
-    ("impl", "before_device_sleep"): ("self",),
-    ("impl", "after_device_wake"): ("self",),
-    ("impl", "get_num_new_matched_tokens"): ("self", "request", "num_computed_tokens"),
-    ("impl", "request_finished"): ("self", "request", "block_ids"),
-    ("scheduler", "query_finished_task"): ("self",),
-    ("scheduler", "get_and_clear_failed_block_ids"): ("self",),
-    ("scheduler", "wait_for_all_get_tasks"): ("self",),
-    ("scheduler", "launch_tasks"): ("self",),
-}
-FLEXKV_STATE = ("get_tasks", "put_tasks", "req_id_to_task_dict", "tasks_to_launch")
 
 
 def _params(fn: Any) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
-
-
-def version_problem(version: str) -> str | None:
-    """Why a vLLM version string is outside :data:`PROVEN`, or None (``0.33.1``, ``0.32.0+cpu`` are in)."""
-    match = re.match(r"(\d+)\.(\d+)(?!\d)", version)
-    if match is None:
-        return f"vLLM's version {version!r} is not a version the plugin can read (it was proven on {PROVEN_TEXT})"
-    if (int(match[1]), int(match[2])) not in PROVEN:
-        return f"vLLM {version} is outside the range the plugin was proven on ({PROVEN_TEXT})"
-    return None
 
 
 def _base(cls: Any) -> Any:
@@ -114,10 +97,11 @@ def _base(cls: Any) -> Any:
 
 
 def applicable(cls: Any) -> tuple[str, ...]:
-    """The connector's :data:`PATCHES` names this vLLM declares: all, less the sleep hooks where the base lacks them."""
+    """The connector's :data:`PATCHES` names this vLLM declares: all, less those of :data:`WHERE_DECLARED` that the
+    base class lacks."""
     base = _base(cls)
     own = (n for n in PATCHES if not n.startswith("Scheduler."))
-    return tuple(n for n in own if n not in SLEEP_HOOKS or (base is not None and hasattr(base, n)))
+    return tuple(n for n in own if n not in WHERE_DECLARED or (base is not None and hasattr(base, n)))
 
 
 def vllm_mismatch(cls: Any, version: str | None = None) -> str | None:
@@ -140,31 +124,6 @@ def vllm_mismatch(cls: Any, version: str | None = None) -> str | None:
                 f"vLLM's FlexKVConnectorV1 overrides {name}, which carries failed-load reports to vLLM (vLLM {version})"
             )
     return None
-
-
-def check_flexkv(impl: Any) -> None:
-    """Refuse a FlexKV whose connector differs from 34ab141 in what the wrappers call."""
-    owners = {"impl": type(impl), "scheduler": type(getattr(impl, "connector", None))}
-    is_scheduler = getattr(getattr(impl, "role", None), "name", "") == "SCHEDULER"
-    problems = []
-    for (owner, name), params in FLEXKV_METHODS.items():
-        if owner == "scheduler" and not is_scheduler:
-            continue
-        fn = getattr(owners[owner], name, None)
-        if fn is None or _params(fn) != params:
-            problems.append(f"{owners[owner].__name__}.{name}")
-    if is_scheduler:
-        problems += [
-            f"FlexKVSchedulerConnector.{n}"
-            for n in FLEXKV_STATE
-            if not isinstance(getattr(impl.connector, n, None), dict)
-        ]
-    if problems:
-        raise AdapterError(
-            f"flexkv_adapter: FlexKV's vLLM connector differs from the one the plugin was proven on (34ab141) in "
-            f"{', '.join(problems)}; without these wrappers a failed FlexKV load is served as a cache hit, so the "
-            f"plugin refuses. Use FlexKV 34ab141 or a flexkv-adapter release that supports this FlexKV"
-        )
 
 
 def attach(conn: Any) -> None:
@@ -304,6 +263,8 @@ def wrappers(cls: Any) -> dict[str, Any]:
             self._flexkv_connector.after_device_wake()  # re-registers through the adapter's plan (vllm._register)
             setattr(self, ASLEEP, False)
 
+    kv_cache_access = kv_memory.kv_cache_access  # the plugin installs it as a classmethod (CLASS_METHODS)
+
     def _meta(self: Any) -> FlexKVAdapterMetadata:
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         return meta if isinstance(meta, FlexKVAdapterMetadata) else FlexKVAdapterMetadata()
@@ -334,9 +295,12 @@ def build_kv_connector_stats(cls: Any, data: dict[str, Any] | None = None) -> An
 
 
 __all__ = [
+    "CLASS_METHODS",
     "PATCHES",
     "PROVEN",
+    "PROVEN_TEXT",
     "SLEEP_HOOKS",
+    "WHERE_DECLARED",
     "Poll",
     "applicable",
     "attach",

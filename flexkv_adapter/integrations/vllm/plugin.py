@@ -1,4 +1,4 @@
-"""vLLM 0.32/0.33 general plugin: make ``FlexKVConnectorV1`` construct, and register only what FlexKV reads right.
+"""vLLM 0.32-0.34 general plugin: make ``FlexKVConnectorV1`` construct, and register only what FlexKV reads right.
 
 Entry point ``flexkv_adapter`` in group ``vllm.general_plugins``; vLLM calls :func:`install` in the
 engine core and in every worker, without a ``try``. So ``install`` never raises, logs at DEBUG only,
@@ -16,7 +16,11 @@ imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexK
 - the request-lifecycle wrappers of :mod:`.lifecycle` (failed loads, reset, sleep/wake,
   ``FLEXKV_SYNC_GET``, multimodal, LoRA and cache_salt requests), each listed there with the lines it answers,
   and, with the scheduler side, vLLM's ``Scheduler.reset_prefix_cache`` (:mod:`.scheduler_reset`);
-- ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.stats`).
+- ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.stats`);
+- ``kv_cache_access`` (vLLM 0.34's classmethod) answers legacy CUDA IPC, so vLLM allocates KV memory FlexKV can
+  export (:mod:`.kv_memory`).
+
+A vLLM outside :data:`.versions.PROVEN` gets the patched ``__init__`` only, which refuses with the range named.
 """
 
 from __future__ import annotations
@@ -69,8 +73,9 @@ def _sleep_without_hooks(cls: Any, vllm_config: Any) -> str | None:
         return None
     return (
         "enable_sleep_mode with FlexKV needs vLLM's sleep/wake connector hooks "
-        f"({', '.join(vllm_lifecycle.SLEEP_HOOKS)}), which this vLLM's KVConnectorBase_V1 lacks (vLLM 0.33 has "
-        "them): asleep, vLLM would free the KV memory FlexKV copies to and from. Turn sleep mode off, or use vLLM 0.33"
+        f"({', '.join(vllm_lifecycle.SLEEP_HOOKS)}), which this vLLM's KVConnectorBase_V1 lacks (vLLM 0.33 and "
+        "0.34 have them): asleep, vLLM would free the KV memory FlexKV copies to and from. Turn sleep mode off, or use "
+        "vLLM 0.33 or 0.34"
     )
 
 
@@ -144,7 +149,8 @@ def _patch_connector(cls: Any) -> None:
     cls.get_required_kvcache_layout = classmethod(get_required_kvcache_layout)
     if not mismatch:
         for name, wrapper in vllm_lifecycle.wrappers(cls).items():
-            setattr(cls, name, functools.wraps(getattr(cls, name))(wrapper))
+            wrapped = functools.wraps(getattr(cls, name))(wrapper)
+            setattr(cls, name, classmethod(wrapped) if name in vllm_lifecycle.CLASS_METHODS else wrapped)
         cls.requires_kv_delivery = property(vllm_lifecycle.requires_kv_delivery)
         cls.build_kv_connector_stats = classmethod(vllm_lifecycle.build_kv_connector_stats)
         cls.get_kv_connector_stats = vllm_stats.wrap(cls.get_kv_connector_stats)

@@ -18,6 +18,13 @@ preempts the running requests where asked (as sched:3194-3210 does), resets Flex
 reset will succeed (every block free: block_pool.py:881), and vLLM's cache only where FlexKV's reset did:
 True with both emptied, or False with neither touched. A block still held after that (a request waiting for
 its load: vLLM's own limit) leaves the answer to vLLM (False, or its RuntimeError), FlexKV untouched.
+
+vLLM 0.34 lets ``sleep``, ``release_kv_cache_memory`` and ``pause_generation(clear_cache=True)`` keep the
+connector's cache (``reset_connector=False``; engine/core.py 0.34: 981-995, 1050-1059, 1174-1192): vLLM then frees
+or releases the KV memory FlexKV copied from, and FlexKV would serve that KV after the wake, also across a weight
+update it cannot see. Every reset of a paused engine's whole cache (:func:`clears_a_paused_engine`: what those calls
+run) therefore empties FlexKV too, whatever ``reset_connector`` says, with a warning; if FlexKV cannot be emptied the
+reset answers False and vLLM raises at the call ("Failed to reset the KV connector cache"), before it frees memory.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ logger = logging.getLogger(__name__)
 NAME = "Scheduler.reset_prefix_cache"  # its entry in lifecycle.PATCHES
 _MODULE = "vllm.v1.core.sched.scheduler"
 MARK = "_flexkv_adapter_reset_patched"  # on vLLM's Scheduler once patched
-# What the patch calls on vLLM's Scheduler, with the parameters vLLM 0.32 and 0.33 declare
+# What the patch calls on vLLM's Scheduler, with the parameters vLLM 0.32, 0.33 and 0.34 declare
 CALLS: dict[str, tuple[str, ...]] = {
     "reset_prefix_cache": ("self", "reset_running_requests", "reset_connector"),
     "reset_connector_cache": ("self",),
@@ -79,6 +86,13 @@ def _wrap(original: Any) -> Any:
         ledger = getattr(self.connector, LEDGER, None)
         if ledger is None:  # no connector, another connector, or FlexKV's worker side: vLLM's own reset
             return original(self, reset_running_requests, reset_connector)  # type: ignore[no-any-return]
+        if not reset_connector and clears_a_paused_engine(self, reset_running_requests):
+            logger.warning(
+                "flexkv_adapter: vLLM clears a paused engine's KV cache (sleep, release_kv_cache_memory or "
+                "pause_generation(clear_cache=True)) with reset_connector=False; FlexKV is emptied too, as it "
+                "cannot tell whether the weights change before the engine runs again"
+            )
+            reset_connector = True
         settled = settle(self, ledger)
         if not reset_connector:
             return original(self, reset_running_requests, False)  # type: ignore[no-any-return]
@@ -101,6 +115,13 @@ def _wrap(original: Any) -> Any:
     return reset_prefix_cache
 
 
+def clears_a_paused_engine(scheduler: Any, reset_running_requests: bool) -> bool:
+    """Whether a reset is ``EngineCore._reset_caches`` of a paused engine: every running request reset while vLLM's
+    scheduler is paused (``pause_state``), as before vLLM frees or releases the KV memory, or lends it out."""
+    state = getattr(scheduler, "pause_state", None)
+    return bool(reset_running_requests) and state is not None and getattr(state, "name", "UNPAUSED") != "UNPAUSED"
+
+
 def settle(scheduler: Any, ledger: Any) -> bool:
     """Finish FlexKV's transfers and tell vLLM, as a step's output would; False if some outlived ``reset_wait_s``.
 
@@ -116,11 +137,23 @@ def settle(scheduler: Any, ledger: Any) -> bool:
 
 def preempt_running(scheduler: Any) -> None:
     """vLLM's own preemption of every running request (sched:3194-3210), done before FlexKV's reset: only then
-    can it be known whether vLLM's reset will succeed."""
+    can it be known whether vLLM's reset will succeed. 0.32 and 0.33 then forget the previous step's scheduled
+    ids (the V1 runner's persistent batch); 0.34, without that runner, has no such set (sched 0.34: 3338-3342)."""
     timestamp = time.monotonic()
     while scheduler.running:
         scheduler._preempt_request(scheduler.running.pop(), timestamp, drop_stale_output=True)
-    scheduler.prev_step_scheduled_req_ids.clear()
+    previous = getattr(scheduler, "prev_step_scheduled_req_ids", None)
+    if previous is not None:
+        previous.clear()
 
 
-__all__ = ["CALLS", "MARK", "NAME", "install", "preempt_running", "scheduler_mismatch", "settle"]
+__all__ = [
+    "CALLS",
+    "MARK",
+    "NAME",
+    "clears_a_paused_engine",
+    "install",
+    "preempt_running",
+    "scheduler_mismatch",
+    "settle",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -77,6 +78,22 @@ def test_recompute_is_refused_on_the_v2_gpu_model_runner_only(monkeypatch, polic
 
 def test_without_vllm_no_runner_is_a_gpu_runner():
     assert features._v2_gpu_runner(SimpleNamespace(use_v2_model_runner=True)) is False
+
+
+@pytest.mark.parametrize(
+    ("v1_runner", "setting", "v2"), [(False, None, True), (True, False, False), (True, True, True)]
+)
+def test_on_a_gpu_without_vllms_v1_runner_every_run_is_the_v2_runner(monkeypatch, v1_runner, setting, v2):
+    """vLLM 0.34 deleted the V1 GPU runner (and use_v2_model_runner): recompute is refused there on any GPU config;
+    where the V1 runner exists (0.32, 0.33) the config's choice decides (negative control)."""
+    gpu = SimpleNamespace(current_platform=SimpleNamespace(is_cuda_alike=lambda: True))
+    real = importlib.import_module
+    monkeypatch.setattr(
+        features.importlib, "import_module", lambda name: gpu if name == "vllm.platforms" else real(name)
+    )
+    monkeypatch.setattr(features, "_has_v1_gpu_runner", lambda: v1_runner)
+    config = SimpleNamespace() if setting is None else SimpleNamespace(use_v2_model_runner=setting)
+    assert features._v2_gpu_runner(config) is v2
 
 
 TRIGGERED = [r for r in VLLM.of_kind(OPTION) if r.verdict == "refused" and r.trigger]
