@@ -63,11 +63,12 @@ def test_the_bridge_refuses_dsa_even_where_the_hook_on_flexkvs_connector_did_not
     assert not fk.calls("register_to_server")
 
 
-@pytest.mark.parametrize("method", ["match_prefix", "checkpoint", "release_aborted_request"])
+@pytest.mark.parametrize("method", ["match_prefix", "checkpoint", "release_aborted_request", "on_release"])
 def test_the_bridge_refuses_to_serve_where_a_namespace_hook_did_not_apply(sglang_env, models, monkeypatch, method):
     """Without the AROUND hooks (SGLang logged them as failed), LoRA / cache_salt requests would look up
     and store by token ids alone: another tenant's KV (or, without the abort hook, an aborted request's
-    slots could be reused while FlexKV stores them). The bridge refuses instead of serving."""
+    slots could be reused while FlexKV stores them; without the lookup hooks, a lookup no load uses would pin
+    FlexKV's blocks). The bridge refuses instead of serving."""
     import importlib
     import inspect
 

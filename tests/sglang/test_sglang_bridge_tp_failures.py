@@ -9,11 +9,13 @@ wait in. Two processes, a real gloo group, SGLang's real FlexKVRadixCache on eac
 
 from __future__ import annotations
 
+import queue
+
 import pytest
 
 from tests.flexkv_source import find
 
-from . import tp_faults_worker
+from . import tp_faults_worker, two_ranks
 from .two_ranks import run_two_ranks
 
 ROOT = find().root
@@ -36,6 +38,30 @@ def test_every_rank_takes_a_miss_when_the_leaders_copy_does_not_succeed(tmp_path
         assert out["held"] == (IDS if mode == "timeout" else 0), (rank, out)  # quarantined on every rank
         assert out["held after"] == 0, (rank, out)  # given back when the leader's copy ended
         assert out["again"] == (IDS, True), (rank, out)  # and served exactly afterwards
+
+
+def test_a_rank_whose_load_raises_before_flexkvs_barrier_takes_a_miss_with_every_rank(tmp_path):
+    """Rank 1's FlexKV raises before the barrier its leader waits in (a CUDA error at the slot mapping's copy to
+    the host, connector.py:624): it enters the barrier itself, and every rank takes the miss, the same tree, its
+    slots back, and is served again."""
+    for rank, out in run_ranks(tmp_path, "peer raise").items():
+        assert (out["loaded"], out["tree"], out["held"], out["held after"]) == (0, 0, 0, 0), (rank, out)
+        assert out["again"] == (IDS, True), (rank, out)
+
+
+def test_negative_control_a_rank_that_skips_flexkvs_barrier_leaves_every_rank_waiting(tmp_path, monkeypatch):
+    """The leader's rule alone (it enters the barrier only where its KVManager raised): rank 0 waits in FlexKV's
+    barrier, rank 1 in the bridge's agreement, and neither answers (here within 15 s; the fixed run takes ~5 s)."""
+    from flexkv_adapter.integrations.sglang.bridge import BridgeConnector
+    from flexkv_adapter.integrations.sglang.outcomes import Seen
+
+    def leader_rule(self, log):
+        return self.leader and self.agreement.active and Seen(log).manager_error is not None
+
+    monkeypatch.setattr(BridgeConnector, "_skipped_barrier", leader_rule)  # the forked ranks inherit it
+    monkeypatch.setattr(two_ranks, "RESULT_S", 15)
+    with pytest.raises(queue.Empty):
+        run_ranks(tmp_path, "peer raise")
 
 
 def test_negative_control_without_agreement_rank_1_counts_tokens_never_written(tmp_path):

@@ -26,11 +26,10 @@ from . import flexkv_standin as fk
 from .connectors import OWN_MODULE, Renamed, assert_registered_as_pool, build
 from .pools import DSA_ARGS, mamba_hybrid, mha_pool, mla_pool, mp, swa
 
-# the namespace hooks, the abort hook (sglang_aborts) and the load / store / flush hooks (sglang_flush)
-NAMESPACE_HOOKS = {
-    f"{RADIX_CLASS}.{m}"
-    for m in ("match_prefix", "checkpoint", "release_aborted_request", "__init__", "init_load_back", "reset")
-}
+# the namespace hooks, the abort hook (sglang_aborts), the load / store / flush hooks (sglang_flush) and the
+# held-lookup hooks (sglang_lookups)
+RADIX_METHODS = ("match_prefix", "checkpoint", "release_aborted_request", "__init__", "init_load_back", "reset")
+NAMESPACE_HOOKS = {f"{RADIX_CLASS}.{m}" for m in (*RADIX_METHODS, "on_release")}
 
 # --- opt-in, discovery, no-op -----------------------------------------------------------------------
 

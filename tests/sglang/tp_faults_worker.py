@@ -48,6 +48,16 @@ def _setup(rank: int, config_dir: str, registrations: Any, source: str, control:
     return rig, group, monkeypatch
 
 
+def _raise_once(connector: Any, name: str) -> None:
+    """FlexKV's ``name`` on this rank raises once, as a CUDA error surfacing at a device-to-host copy would."""
+
+    def raising(*args: Any, **kwargs: Any) -> Any:
+        delattr(connector, name)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    setattr(connector, name, raising)
+
+
 def scenario(rank: int, config_dir: str, registrations: Any, source: str, mode: str, control: bool) -> dict[str, Any]:
     from .flexkv_faults import FAULTS, manager
     from .radix_harness import read, zero
@@ -64,6 +74,9 @@ def scenario(rank: int, config_dir: str, registrations: Any, source: str, mode: 
     if mode == "lookup":  # a repeated match: FlexKV's leader cancels the held task after its scatter, and raises
         rig.match(r2)
         FAULTS.cancel = "raise"
+    elif mode == "peer raise":  # rank 1's FlexKV raises before the barrier its leader waits in (connector.py:624, :693)
+        if rank == 1:
+            _raise_once(rig.cache.flexkv_connector.connector, "_to_cpu_int64")
     else:
         FAULTS.get, FAULTS.delay = mode, 2
     loaded, _ = rig.match_and_load(r2)

@@ -25,7 +25,7 @@ from ...config.settings import load_settings
 from ...errors import AdapterError
 from .flush import SCHEDULER_MODULE, flush, register_radix_hooks
 from .outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
-from .recorder import ObservedManager
+from .recorder import BARRIER, ObservedManager, observe_barrier
 from .refusals import start_refusal
 from .resolve import (
     CALLS,
@@ -40,6 +40,7 @@ from .resolve import (
     resolve_connector,
 )
 from .stores import StoreKeys
+from .unlaunched import cancel_unlaunched
 
 logger = logging.getLogger(__name__)
 FLUSH_MODULE = register_radix_hooks.__module__  # the module whose hook wraps Scheduler.flush_cache
@@ -87,6 +88,8 @@ class BridgeConnector:
         # this call's log of FlexKV's KVManager calls (the leader's; stays empty elsewhere): cleared, with _clean,
         # as each call that may reach FlexKV starts (inline: a method per call costs a frame on every request)
         self._log: list[tuple[str, Any]] = self.observed.log if self.observed is not None else []
+        if self.agreement.active:
+            observe_barrier(sync, self._log)
         self.quarantine = Quarantine(self.agreement)
         self.stores = StoreKeys()
         self._wait_s, self._clean = wait_s, False
@@ -105,10 +108,11 @@ class BridgeConnector:
         self.quarantine.attach(radix.token_to_kv_pool_allocator)
 
     def _cancel(self, task_ids: list[int]) -> None:
-        """Cancel FlexKV tasks an error left behind (they hold FlexKV's CPU radix nodes and staging blocks)."""
+        """Cancel FlexKV tasks an error left behind before their launch returned (they hold FlexKV's CPU radix nodes
+        and staging blocks); one FlexKV marked running before its launch raised is rolled back (:mod:`.unlaunched`)."""
         if task_ids and self.leader and self.manager is not None:
             try:
-                self.manager.cancel(task_ids)
+                cancel_unlaunched(self.manager, task_ids)
             except Exception as exc:
                 logger.warning("%s: cancelling FlexKV task(s) %s failed too: %s", PREFIX, task_ids, exc)
 
@@ -172,8 +176,8 @@ class BridgeConnector:
                 returned = int(returned)
             except Exception as exc:  # not a count: as if FlexKV's call had raised
                 returned, error = None, exc
-        if error is not None and self.leader and self.agreement.active and Seen(log).manager_error is not None:
-            self.connector._sync_ctx.barrier()  # FlexKV raised before the barrier its other ranks wait in (:644-698)
+        if error is not None and self._skipped_barrier(log):
+            self.connector._sync_ctx.barrier()
         local = load_outcome(self.leader, log, tid, count, returned, error is not None)
         if local == 0 and tid >= 0 and tid not in Seen(log).launched:
             self._cancel([tid])  # never launched (launch raised): the get task still holds FlexKV's match
@@ -188,8 +192,18 @@ class BridgeConnector:
             self._failed("load", key, why, f"served as a miss; {outcome}")
         return 0
 
+    def _skipped_barrier(self, log: list[tuple[str, Any]]) -> bool:
+        """Whether FlexKV's raising ``retrieve_kv`` left its TP barrier (connector.py:692-693) unentered on this rank,
+        leader (launch, wait) or not (e.g. its slot mapping's copy to the host): the other ranks wait in it."""
+        return self.agreement.active and all(what != BARRIER for what, _ in log)
+
     def start_load_kv_layerwise(self, handle: Any, slot_mapping: Any) -> Any:
         return self.connector.start_load_kv_layerwise(handle_key(handle), slot_mapping)
+
+    def holds_lookup(self, handle: Any) -> bool:
+        """Whether FlexKV's connector holds a lookup (its get task) for ``handle`` (see :mod:`.lookups`)."""
+        pending = getattr(self.connector, "_pending_lookups", None)
+        return pending is None or handle_key(handle) in pending  # unknown: release (FlexKV's release is idempotent)
 
     def release_pending(self, handle: Any) -> None:
         try:

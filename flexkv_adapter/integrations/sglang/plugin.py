@@ -17,12 +17,19 @@ installed:
   requests with a LoRA or cache_salt bypass FlexKV (:mod:`.namespaces`);
 * an AROUND hook on ``FlexKVRadixCache.release_aborted_request`` (``:481``): an aborted request's
   store that FlexKV still copies keeps its radix lock until it completes (:mod:`.aborts`);
+* AFTER hooks on ``FlexKVRadixCache.match_prefix`` (``:196-197``, ``:207-208`` return without releasing
+  the lookup an earlier match held) and ``.on_release`` (``:378-380`` releases none): a FlexKV lookup
+  that no load will use is released, so its get task does not pin FlexKV's CPU blocks (:mod:`.lookups`);
 * an AFTER hook on ``FlexKVRadixCache.__init__`` (the bridge learns its radix cache) and AROUND hooks on
   ``.init_load_back`` (slots FlexKV may still write stay quarantined) and ``.reset`` (FlexKV is emptied
   first, or the flush fails), and in the scheduler process an AROUND hook on ``Scheduler.flush_cache``
   that reports such a failure as False (:mod:`.flush`);
 * with ``remote: external``, a replacement of ``TransferManagerOnRemote.create_process`` that waits
   for ``scripts/start_remote.py`` instead of spawning a second remote (:mod:`.external_remote`).
+
+FlexKV's own state is changed in two places only: its task table before a reset (``flexkv_adapter.flexkv.reset``,
+kvtask.py:212, :1461) and a task whose launch raised after FlexKV marked it running, put back to ready before
+its cancel (:mod:`.unlaunched`, kvtask.py:740-748, :815-830).
 
 ``apply_hooks()`` imports every hooked target, FlexKV's compiled extension included, so nothing
 is hooked without the opt-in, and modules are looked up without importing them.
@@ -55,6 +62,7 @@ from .checks import (
 )
 from .external_remote import ExternalRemote, wait_for_start_remote
 from .flush import SCHEDULER_MODULE, register_radix_hooks
+from .lookups import register_lookup_hooks
 from .namespaces import register_namespace_hooks
 from .refusals import option_refusal, start_refusal
 
@@ -205,6 +213,7 @@ def install() -> None:
     if module_exists(RADIX_MODULE):
         hooked += register_namespace_hooks(HookRegistry, HookType, settings)
         hooked += register_abort_hook(HookRegistry, HookType)
+        hooked += register_lookup_hooks(HookRegistry, HookType)
         hooked += register_radix_hooks(HookRegistry, HookType, SCHEDULER_MODULE in sys.modules)
     if settings.remote == "external" and module_exists(CREATE_PROCESS.rsplit(".", 2)[0]):
         HookRegistry.register(CREATE_PROCESS, _create_process(settings), HookType.REPLACE)

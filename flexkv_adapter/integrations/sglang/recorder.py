@@ -17,8 +17,22 @@ import inspect
 import types
 from typing import Any
 
-# The log's entries: (what, value) as FlexKV's KVManager gave it, parsed only when a rule reads them.
-CREATED, LAUNCHED, WAITED, RAISED = "created", "launched", "waited", "raised"
+# The log's entries: (what, value) as FlexKV's KVManager gave it, parsed only when a rule reads them; BARRIER: this
+# rank entered FlexKV's TP barrier (every rank, leader or not).
+CREATED, LAUNCHED, WAITED, RAISED, BARRIER = "created", "launched", "waited", "raised", "barrier"
+
+
+def observe_barrier(sync: Any, log: list[tuple[str, Any]]) -> None:
+    """FlexKV's comm (``_sync_ctx``) logs each entry into its barrier (comm.py:374-383) in ``log``, unchanged
+    otherwise: whether a raising ``retrieve_kv`` got there (connector.py:692-693) decides whether its rank must
+    still enter it, or leave the other ranks waiting in it."""
+    barrier = sync.barrier
+
+    def logged_barrier(*args: Any, **kwargs: Any) -> Any:
+        log.append((BARRIER, None))
+        return barrier(*args, **kwargs)
+
+    sync.barrier = logged_barrier
 
 
 class ObservedManager:
@@ -124,4 +138,4 @@ _GENERIC = {
     "try_wait": lambda self, *args, **kwargs: self.manager.try_wait(*args, **kwargs),
 }
 
-__all__ = ["CREATED", "LAUNCHED", "RAISED", "WAITED", "ObservedManager"]
+__all__ = ["BARRIER", "CREATED", "LAUNCHED", "RAISED", "WAITED", "ObservedManager", "observe_barrier"]

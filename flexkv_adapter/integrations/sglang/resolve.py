@@ -18,6 +18,7 @@ from ...errors import AdapterError
 from .aborts import STORE_LOCKS, register_abort_hook
 from .checks import installed_flexkv_api, skew_error
 from .flush import PREFIX, register_radix_hooks
+from .lookups import register_lookup_hooks
 from .namespaces import register_namespace_hooks
 
 FLEXKV_CONNECTOR_MODULE = "flexkv.integration.sglang.connector"
@@ -35,6 +36,8 @@ RADIX_HOOKS = (
      "be reused while FlexKV still stores them", False),
     (register_radix_hooks.__module__, ("__init__", "init_load_back", "reset"), "slots FlexKV may still "
      "write could be reused, a reused rid could keep a lock forever, a flush could leave stale KV in FlexKV", False),
+    (register_lookup_hooks.__module__, ("match_prefix", "on_release"), "a FlexKV lookup held for a request "
+     "admitted without a load, or finished, would pin FlexKV's CPU blocks until the next flush", False),
 )  # fmt: skip
 LOCKLESS = "the abort hook could keep no in-flight store's lock"
 WORKING_FLEXKV = (

@@ -1,0 +1,66 @@
+"""A FlexKV lookup held for a request is released as soon as the request can no longer load it.
+
+SGLang 0.5.23's ``FlexKVRadixCache._mp_match_prefix`` holds FlexKV's get task for a request from a hit
+(storage/flexkv/flexkv_radix_cache.py:204-223: the connector keeps the task under the request's key, the
+radix cache a load marker under its handle) until ``init_load_back`` launches or releases it (:279-312).
+A later match of the same request replaces the held task only when it hits again (FlexKV's connector cancels
+the one it replaces, connector.py:556-580). Two paths leave it held:
+
+* the match returns early, without a lookup, when the prefix is now on the device (:196-197), or FlexKV
+  misses (:207-208): the request's ``host_hit_length`` becomes 0 and ``init_load_back`` never runs for it
+  (managers/schedule_policy.py:1470-1521). Under LPM, ``calc_priority`` matches every waiting request
+  before any is admitted (:356), so requests sharing a prefix that the first of them then loads are admitted
+  without a load; under FCFS the same follows a NO_TOKEN admission (the request is matched again later);
+* ``on_release`` (:378-380) releases nothing, and drops the load marker only when not checkpointed.
+
+FlexKV's get task keeps its matched CPU blocks locked (and its task-table entry) until the next flush, so
+FlexKV's eviction cannot free them and, under steady traffic, its CPU tier fills with pinned blocks. The
+AFTER hooks here release the held lookup (``release_pending``, which SGLang's radix cache calls itself
+where it knows, :292 and :488) and drop the load marker: on a match that leaves the request no FlexKV load,
+and when the request is released (finished, retracted, aborted). ``release_pending`` is FlexKV's local
+bookkeeping plus the leader's cancel, no collective: every TP rank takes the same decisions from the same
+tree and FlexKV's scattered lookup answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+RADIX_CLASS = "sglang.srt.mem_cache.storage.flexkv.flexkv_radix_cache.FlexKVRadixCache"
+LOAD_MARKERS = "_load_markers"  # FlexKVRadixCache's handle -> _LoadBackMarker (flexkv_radix_cache.py:127)
+
+
+def release_held(radix: Any, handle: Any) -> None:
+    """Release ``handle``'s held FlexKV lookup and its load marker, if it has either.
+
+    The marker is set exactly where the connector holds a lookup (flexkv_radix_cache.py:207-215); the bridge
+    also answers from FlexKV's own table (``holds_lookup``), SGLang's in-tree connector from the marker."""
+    markers = getattr(radix, LOAD_MARKERS, None)
+    marker = markers.pop(handle, None) if isinstance(markers, MutableMapping) else None
+    connector = getattr(radix, "flexkv_connector", None)
+    holds = getattr(connector, "holds_lookup", None)
+    if connector is not None and (marker is not None or (holds is not None and holds(handle))):
+        connector.release_pending(handle)
+
+
+def after_match_prefix(result: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+    """A match that gives the request no FlexKV load (on the device already, a miss, a bypass): the lookup an
+    earlier match held for it is released. A hit replaced it already (FlexKV cancels the one it replaces)."""
+    req = getattr(params, "req", None)
+    if req is not None and not getattr(result, "host_hit_length", 0) > 0:
+        release_held(self, req.cache_request_handle)
+
+
+def after_on_release(result: Any, self: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    """A released request (finished, retracted or aborted) loads nothing any more: its held lookup is released."""
+    release_held(self, req.cache_request_handle)
+
+
+def register_lookup_hooks(registry: Any, hook_type: Any) -> list[str]:
+    registry.register(f"{RADIX_CLASS}.match_prefix", after_match_prefix, hook_type.AFTER)
+    registry.register(f"{RADIX_CLASS}.on_release", after_on_release, hook_type.AFTER)
+    return [f"{RADIX_CLASS}.match_prefix/.on_release (a FlexKV lookup no load will use is released)"]
+
+
+__all__ = ["LOAD_MARKERS", "after_match_prefix", "after_on_release", "register_lookup_hooks", "release_held"]
