@@ -15,9 +15,13 @@ E2E = "tests/e2e/test_vllm_generate.py::"
 START = "engine start (FlexKVConnectorV1's construction and register_kv_caches, before FlexKV sees a tensor)"
 PLAIN = "Serve this model without FlexKVConnectorV1"
 BROKEN = f"{T}test_vllm_lifecycle_loads.py::test_negative_control_a_broken_registration_loads_other_bytes"
-NAMESPACES = f"{T}test_vllm_namespaces.py::test_requests_vllm_keeps_apart_get_no_flexkv_hit_from_each_other"
-NAMESPACES_CONTROL = (
-    f"{T}test_vllm_namespaces.py::test_negative_control_without_the_rule_flexkv_serves_the_other_namespace"
+NAMESPACES = f"{T}test_vllm_namespaces.py::"
+NAMESPACE_HITS = f"{NAMESPACES}test_the_same_namespace_again_restores_its_own_kv_from_flexkv"
+NAMESPACES_CONTROL = f"{NAMESPACES}test_negative_control_flexkvs_own_namespace_serves_another_namespaces_kv"
+NAMESPACED = (
+    "offloaded under a FlexKV namespace of its own: a digest of vLLM's tagged {extra} (flexkv/namespace.py); the "
+    "same {what} hits its own KV, another {what}, a base request and a same-named {other} miss. Bypassed per "
+    "request where FlexKV's tokens_per_block divides 61 (1 or 61: a plain prompt could spell the namespace)"
 )
 WINDOW = (
     "a sliding-window group: when a request finishes, vLLM replaces every block that has left the window with "
@@ -83,17 +87,19 @@ SPEC_ROWS: tuple[Feature, ...] = (
 OTHER_ROWS: tuple[Feature, ...] = (
     Feature("several KV cache groups", "KV cache groups", "refused", "a hybrid model's groups (hybrid memory "
             "allocator): FlexKVConnectorV1 registers one group", where=START, instead=PLAIN),
-    Feature("LoRA", REQUEST, "bypassed", "FlexKV's key cannot carry vLLM's tagged (lora, name, path) extra: the "
-            "request is neither loaded nor stored", proof=NAMESPACES, control=NAMESPACES_CONTROL),
-    Feature("cache_salt", REQUEST, "bypassed", "FlexKV's key cannot carry vLLM's tagged cache_salt extra: the "
-            "request is neither loaded nor stored", proof=NAMESPACES, control=NAMESPACES_CONTROL),
+    Feature("LoRA", REQUEST, "served", NAMESPACED.format(extra="(lora, name, path)", what="LoRA (name and path)",
+            other="cache_salt"), proof=f"{NAMESPACE_HITS}[same lora]",
+            control=f"{NAMESPACES_CONTROL}[lora re-pointed to a new path]"),
+    Feature("cache_salt", REQUEST, "served", NAMESPACED.format(extra="(cache_salt, salt)", what="salt",
+            other="LoRA"), proof=f"{NAMESPACE_HITS}[same salt]",
+            control=f"{NAMESPACES_CONTROL}[lora name vs same-named salt]"),
     Feature("multimodal inputs", REQUEST, "bypassed", "vLLM keys the blocks by the inputs' hashes, FlexKV by token "
             "ids alone: the request is neither loaded nor stored",
             proof=f"{MULTIMODAL}[True]", control=f"{MULTIMODAL}[False]"),
     Feature("prompt embeds", REQUEST, "bypassed", "the prompt is embeddings, not token ids FlexKV could key: the "
             "request is neither loaded nor stored",
-            proof=f"{T}test_vllm_lifecycle_state.py::test_prompt_embeds_requests_neither_look_up_nor_store",
-            control=NAMESPACES_CONTROL),
+            proof=f"{T}test_vllm_lifecycle_state.py::test_prompt_embeds_requests_neither_look_up_nor_store[True]",
+            control=f"{T}test_vllm_lifecycle_state.py::test_prompt_embeds_requests_neither_look_up_nor_store[False]"),
     Feature("speculative decoding", OPTION, "refused", "speculative decoding (speculative_config): draft-model "
             "layers and their blocks beside the target's were never proven with FlexKV", where=START,
             instead="Run without speculative decoding to use FlexKV", trigger=("speculative_config", object)),

@@ -35,10 +35,18 @@ def v1_driver_reason() -> str:
     return f"vLLM {vllm.__version__} has no V1 model runner ({V1_MIXIN}): only its V2 runner's driver exists"
 
 
-def kv_bytes(prefix: list[int], layer: int, nbytes: int) -> torch.Tensor:
-    """The bytes the stand-in model computes for the block ending ``prefix`` in ``layer``."""
-    seed = int.from_bytes(hashlib.sha256(repr((layer, prefix)).encode()).digest()[:7], "little")
+def kv_bytes(prefix: list[int], layer: int, nbytes: int, adapter: Any = None) -> torch.Tensor:
+    """The bytes the stand-in model computes for the block ending ``prefix`` in ``layer``; a LoRA ``adapter``
+    ((name, path), as vLLM keys it) changes them, as a real adapter changes K and V (a cache_salt does not)."""
+    key = (layer, prefix) if adapter is None else (layer, prefix, adapter)
+    seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "little")
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def adapter_of(request: Any) -> Any:
+    """The LoRA a request runs with, as vLLM keys its prefix cache by it: (name, path), or None."""
+    lora = getattr(request, "lora_request", None)
+    return None if lora is None else (lora.lora_name, lora.lora_path)
 
 
 def block_bytes(view: torch.Tensor, block: int) -> torch.Tensor:
@@ -133,11 +141,12 @@ class Engine:
             end = request.num_computed_tokens
             tokens = request.all_token_ids
             (block_ids,) = self.scheduler.kv_cache_manager.get_block_ids(req_id)
+            adapter = adapter_of(request)
             for index in range((end - n) // BLOCK, (end - 1) // BLOCK + 1):
                 prefix = tokens[: min(end, (index + 1) * BLOCK)]
                 for layer, name in enumerate(LAYER_NAMES):
                     view = self.kv_caches[name][block_ids[index]]
-                    data = kv_bytes(prefix, layer, view.numel() * view.element_size())
+                    data = kv_bytes(prefix, layer, view.numel() * view.element_size(), adapter)
                     view.copy_(data.view(view.dtype).view(view.shape))
             sampled[req_id] = [7] if end >= request.num_tokens else []
         return sampled
@@ -202,15 +211,16 @@ class Engine:
         raw = backing(self.kv_caches)
         raw.copy_(torch.randint(0, 256, (raw.numel(),), dtype=torch.uint8, generator=torch.Generator().manual_seed(5)))
 
-    def holds(self, req_id_or_blocks: Any, tokens: list[int], upto: int) -> bool:
-        """Whether the first ``upto`` blocks of a request hold ``kv_bytes`` of ``tokens``' prefixes."""
+    def holds(self, req_id_or_blocks: Any, tokens: list[int], upto: int, adapter: Any = None) -> bool:
+        """Whether the first ``upto`` blocks of a request hold ``kv_bytes`` of ``tokens``' prefixes (under
+        ``adapter``)."""
         block_ids = req_id_or_blocks
         if isinstance(req_id_or_blocks, str):
             (block_ids,) = self.scheduler.kv_cache_manager.get_block_ids(req_id_or_blocks)
         for index in range(upto):
             for layer, name in enumerate(LAYER_NAMES):
                 got = block_bytes(self.kv_caches[name], block_ids[index])
-                if not torch.equal(got, kv_bytes(tokens[: (index + 1) * BLOCK], layer, got.numel())):
+                if not torch.equal(got, kv_bytes(tokens[: (index + 1) * BLOCK], layer, got.numel(), adapter)):
                     return False
         return True
 

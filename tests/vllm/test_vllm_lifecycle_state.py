@@ -187,13 +187,17 @@ def test_multimodal_requests_with_the_same_placeholders_share_no_kv(plugged, tmp
     assert (stored, hit) == ((False, 0) if plugin else (True, 48))  # without the plugin: the cat's KV for the dog
 
 
-def test_prompt_embeds_requests_neither_look_up_nor_store(plugged, tmp_path):
+@pytest.mark.parametrize("plugin", [True, False])
+def test_prompt_embeds_requests_neither_look_up_nor_store(plugged, tmp_path, plugin):
     import torch
 
     engine = Engine(plugged, tmp_path)
     engine.serve("A", A)
+    if not plugin:
+        unwrap(plugged)
     request = engine.add("E", A, prompt_embeds=torch.zeros(len(A), 8))
-    assert engine.scheduler.connector.get_num_new_matched_tokens(request, 0) == (0, False)
+    hit = engine.scheduler.connector.get_num_new_matched_tokens(request, 0)
+    assert hit == ((0, False) if plugin else (48, True))  # without the plugin: token A's KV for the embeddings
 
 
 def test_best_effort_delivery_and_flexkvs_stats_reach_vllm(plugged, tmp_path):

@@ -24,6 +24,12 @@ FLEXKV_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
     ("scheduler", "get_and_clear_failed_block_ids"): ("self",),
     ("scheduler", "wait_for_all_get_tasks"): ("self",),
     ("scheduler", "launch_tasks"): ("self",),
+    ("scheduler", "_extract_namespace"): ("self", "request"),
+}
+# FlexKV's methods the plugin replaces on its scheduler connector instance (lifecycle.attach), with FlexKV's lines
+FLEXKV_REPLACED: dict[str, str] = {
+    "FlexKVSchedulerConnector._extract_namespace": "adp:344-390 (untagged [lora_name, cache_salt], joined with NUL "
+    "by block.py:11-20), read at adp:421 (get) and adp:580 (put): lifecycle.namespace",
 }
 FLEXKV_STATE = ("get_tasks", "put_tasks", "req_id_to_task_dict", "tasks_to_launch")
 
@@ -57,4 +63,4 @@ def check_flexkv(impl: Any) -> None:
         )
 
 
-__all__ = ["FLEXKV_METHODS", "FLEXKV_STATE", "check_flexkv"]
+__all__ = ["FLEXKV_METHODS", "FLEXKV_REPLACED", "FLEXKV_STATE", "check_flexkv"]

@@ -18,10 +18,12 @@ import time
 from typing import Any
 
 from ...config.settings import load_settings
+from ...flexkv.namespace import alignment_problem
 from ...flexkv.reset import repair_task_table
 from . import kv_memory
 from .flexkv_contract import check_flexkv
 from .ledger import FlexKVAdapterMetadata, Ledger, Poll, classify, snapshot
+from .namespaces import UNCARRIED, bypassed, excluded, extras, namespace
 from .versions import PROVEN, PROVEN_TEXT, version_problem
 
 logger = logging.getLogger(__name__)
@@ -38,8 +40,9 @@ PATCHES: dict[str, tuple[tuple[str, ...], str, str]] = {
     "get_num_new_matched_tokens": (
         ("self", "request", "num_computed_tokens"),
         "sched:1139; request.py:135,188 (prompt_embeds, mm_features)",
-        "adp:344-390 keys on token ids + LoRA/cache_salt only; a request whose load failed would be offered "
-        "the same hit again",
+        "adp:344-390 keys on token ids + a namespace, which carries no multimodal input nor prompt embeds "
+        "(:mod:`.namespaces`; LoRA and cache_salt go in the namespace); a request whose load failed would be "
+        "offered the same hit again",
     ),
     "build_connector_meta": (
         ("self", "scheduler_output"),
@@ -136,6 +139,11 @@ def attach(conn: Any) -> None:
     setattr(conn, LEDGER, ledger)
     setattr(conn, RESET_WAIT, load_settings().reset_wait_s)  # a bad setting refuses construction
     sched = impl.connector
+    uncarried = alignment_problem(int(sched.block_size))
+    setattr(conn, UNCARRIED, uncarried)
+    if uncarried:
+        logger.warning("flexkv_adapter: LoRA and cache_salt requests bypass FlexKV: %s", uncarried)
+    sched._extract_namespace = namespace  # FLEXKV_REPLACED: the one namespace rule, on this instance only
     wait = sched.wait_for_all_get_tasks
 
     def wait_for_all_get_tasks() -> Any:
@@ -149,22 +157,6 @@ def attach(conn: Any) -> None:
         return responses
 
     sched.wait_for_all_get_tasks = wait_for_all_get_tasks
-
-
-def excluded(request: Any) -> bool:
-    """A request FlexKV's key cannot tell apart from another that vLLM keeps apart: FlexKV is skipped for it.
-
-    FlexKV keys by token ids and an untagged ``[lora_name, cache_salt]`` (adp:344-390); vLLM keys by
-    multimodal inputs, prompt embeds, ``("lora", name, path)`` and ``("cache_salt", salt)``
-    (kv_cache_utils.py:590-607, 659-669). So LoRA ``t1`` and salt ``t1`` would share KV, and so would
-    one LoRA name over two adapter paths: any LoRA or cache_salt request is not loaded nor stored.
-    """
-    return (
-        bool(getattr(request, "mm_features", None))
-        or getattr(request, "prompt_embeds", None) is not None
-        or getattr(request, "lora_request", None) is not None
-        or getattr(request, "cache_salt", None) is not None
-    )
 
 
 class _Preempted:
@@ -210,7 +202,7 @@ def wrappers(cls: Any) -> dict[str, Any]:
     orig = {name: getattr(cls, name) for name in names}
 
     def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
-        if excluded(request) or request.request_id in getattr(self, LEDGER).no_refetch:
+        if bypassed(self, request) or request.request_id in getattr(self, LEDGER).no_refetch:
             return 0, False
         return orig["get_num_new_matched_tokens"](self, request, num_computed_tokens)  # type: ignore[no-any-return]
 
@@ -231,7 +223,7 @@ def wrappers(cls: Any) -> dict[str, Any]:
         if getattr(self, LEDGER).finished(request.request_id):
             return True, None  # the workers report it (and its failed blocks); vLLM frees the blocks then
         tasks = self._flexkv_connector.connector.req_id_to_task_dict
-        if excluded(request) and request.request_id not in tasks:
+        if bypassed(self, request) and request.request_id not in tasks:
             return False, None
         return orig["request_finished"](self, request, block_ids)  # type: ignore[no-any-return]
 
@@ -307,6 +299,8 @@ __all__ = [
     "check_flexkv",
     "drain",
     "excluded",
+    "extras",
+    "namespace",
     "version_problem",
     "vllm_mismatch",
     "wrappers",

@@ -14,7 +14,8 @@ imports neither FlexKV nor anything it does not need, and patches vLLM's ``FlexK
 - ``get_required_kvcache_layout`` states LBNHC (used when ``VLLM_KV_CACHE_LAYOUT`` is unset and the
   attention backend supports it);
 - the request-lifecycle wrappers of :mod:`.lifecycle` (failed loads, reset, sleep/wake,
-  ``FLEXKV_SYNC_GET``, multimodal, LoRA and cache_salt requests), each listed there with the lines it answers,
+  ``FLEXKV_SYNC_GET``, multimodal requests), each listed there with the lines it answers; LoRA and cache_salt
+  requests under a FlexKV namespace of their own (:mod:`.namespaces`, on FlexKV's ``_extract_namespace``),
   and, with the scheduler side, vLLM's ``Scheduler.reset_prefix_cache`` (:mod:`.scheduler_reset`);
 - ``get_kv_connector_stats`` answers with the last interval's counts (:mod:`.stats`);
 - ``kv_cache_access`` (vLLM 0.34's classmethod) answers legacy CUDA IPC, so vLLM allocates KV memory FlexKV can

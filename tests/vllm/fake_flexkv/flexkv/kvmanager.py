@@ -1,7 +1,7 @@
 """``KVManager`` stand-in: FlexKV 34ab141's task API (kvmanager.py:133-395, kvtask.py:1053-1135, 1437-1480).
 
-Its CPU cache holds whole blocks keyed by (namespace, token prefix). Launched transfers finish at
-the ``polls``-th ``try_wait`` (or at ``wait``); only then are bytes copied, between that cache and
+Its CPU cache holds whole blocks keyed by FlexKV's own block hashes (namespace and token prefix). Launched
+transfers finish at the ``polls``-th ``try_wait`` (or at ``wait``); only then are bytes copied, between that cache and
 the last GPU registration, addressed the way FlexKV's workers address it (``tests/helpers``). Tests
 steer it through :data:`CONTROL`: fail the next get/put transfers, fail or count resets. A failed
 get scribbles 0xEE over its GPU blocks, as a transfer that died half-way could.
@@ -9,6 +9,7 @@ get scribbles 0xEE over its GPU blocks, as a transfer that died half-way could.
 
 from itertools import count
 
+import numpy as np
 import torch
 
 from flexkv.common.request import KVResponse, KVResponseStatus
@@ -55,7 +56,7 @@ class KVManager:
     def __init__(self, model_config, cache_config, dp_client_id=0, server_recv_port=None, event_collector=None):
         self.block = cache_config.tokens_per_block
         self.num_layers = model_config.num_layers
-        self.cache: dict = {}  # (namespace, token prefix) -> [bytes per layer]
+        self.cache: dict = {}  # FlexKV's block hash (namespace and token prefix) -> [bytes per layer]
         self.tasks: dict[int, _Task] = {}
         self.kv_task_engine = _TaskEngine()  # in-process mode (kvmanager.py:125)
         MANAGERS.append(self)
@@ -70,10 +71,12 @@ class KVManager:
         pass
 
     def _keys(self, token_ids, namespace):
-        ns = tuple(namespace or ())
-        return [
-            (ns, tuple(int(t) for t in token_ids[: (i + 1) * self.block])) for i in range(len(token_ids) // self.block)
-        ]
+        """Each block's key: FlexKV's own block hash (block.py's SequenceMeta, loaded from the FlexKV tree), so
+        namespaces collide here exactly where they collide in FlexKV."""
+        from flexkv.common.block import SequenceMeta
+
+        ids = np.asarray([int(t) for t in token_ids], dtype=np.int64)
+        return [int(h) for h in SequenceMeta(ids, self.block, namespace).block_hashes]
 
     def get_match(self, token_ids, token_mask=None, cpu_only=False, namespace=None, swa_aware=False):
         keys = self._keys(token_ids, namespace)
