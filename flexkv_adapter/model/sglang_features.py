@@ -11,9 +11,15 @@ OPTION = "server option"
 REQUEST = "request feature"
 T = "tests/sglang/"
 START = "engine start (the plugin's connector, before FlexKV registers anything)"
-NAMESPACES = f"{T}test_sglang_bridge_namespaces.py::test_a_namespaced_request_neither_hits_nor_stores_flexkv_kv"
-NAMESPACES_CONTROL = (
-    f"{T}test_sglang_bridge_namespaces.py::test_negative_control_shared_namespaces_serve_the_base_request_kv_to_a_lora"
+NAMESPACES = f"{T}test_sglang_bridge_namespaces.py::"
+NAMESPACE_HITS = f"{NAMESPACES}test_each_namespace_restores_only_its_own_kv"
+NAMESPACES_CONTROL = f"{NAMESPACES}test_negative_control_a_namespace_not_handed_to_flexkv_serves_the_base_kv_to_a_lora"
+NAMESPACED = (
+    "offloaded under a FlexKV namespace of its own (sglang_namespaced_requests: namespaced, the default): a digest "
+    "of the request's tagged {what} (flexkv/namespace.py), taken from the request, not from SGLang's joined "
+    "extra_key; the same {what} hits its own KV, any other namespace misses (also over FlexKV's real KVManager). "
+    "Bypassed per request under SGLang's in-tree connector, on a match without a request (layerwise), or where "
+    "page_size divides 61; `skip` bypasses them all, `shared` shares KV by token ids"
 )
 E2E = "tests/e2e/test_sglang_generate.py::"
 RETRACT = f"{T}test_sglang_bridge_retract.py::"
@@ -73,14 +79,16 @@ OPTION_ROWS: tuple[Feature, ...] = (
 )  # fmt: skip
 
 REQUEST_ROWS: tuple[Feature, ...] = (
-    Feature("LoRA (extra_key)", REQUEST, "bypassed", "a LoRA id lives in extra_key, which FlexKV's key cannot carry: "
-            "such a request neither looks up nor stores in FlexKV (sglang_namespaced_requests: shared serves it, "
-            "with that risk)", proof=NAMESPACES, control=NAMESPACES_CONTROL),
-    Feature("cache_salt", REQUEST, "bypassed", "FlexKV's key cannot carry the salt: a salted request neither looks "
-            "up nor stores in FlexKV", proof=NAMESPACES, control=NAMESPACES_CONTROL),
+    Feature("LoRA (extra_key)", REQUEST, "served", NAMESPACED.format(what="LoRA id"),
+            proof=f"{NAMESPACE_HITS}[lora tenant1]", control=NAMESPACES_CONTROL),
+    Feature("extra_key (the caller's)", REQUEST, "served", NAMESPACED.format(what="extra_key"),
+            proof=f"{NAMESPACE_HITS}[caller extra_key tenant1]", control=NAMESPACES_CONTROL),
+    Feature("cache_salt", REQUEST, "served", NAMESPACED.format(what="salt"),
+            proof=f"{NAMESPACE_HITS}[cache_salt tenant1]", control=NAMESPACES_CONTROL),
     Feature("multimodal inputs", REQUEST, "bypassed", "image and audio tokens reach FlexKV as pad ids derived from "
             "the input's hash, unproven as keys: such a request neither looks up nor stores in FlexKV",
-            proof=f"{NAMESPACES}[multimodal]", control=NAMESPACES_CONTROL),
+            proof=f"{NAMESPACES}test_a_multimodal_request_neither_hits_nor_stores_flexkv_kv",
+            control=f"{NAMESPACES}test_negative_control_shared_namespaces_serve_the_base_request_kv[multimodal]"),
     Feature("retraction", REQUEST, "served", "a decoding request retracted under memory pressure (release_req): "
             "its slots are freed with no FlexKV task left for it, an in-flight store keeps its slots through the "
             "retraction's eviction, and the re-admitted request is restored byte-exact",

@@ -3,10 +3,11 @@
 One engine start (``tests/e2e/vllm_engine.py``, its own process group under a deadline) runs every
 scenario, greedy and with fixed lengths, on a tiny seeded Llama: a cold run of prompt A, A stored to
 FlexKV, A evicted from vLLM's prefix cache, A again (a FlexKV hit); a prompt sharing only A's first
-blocks (a partial hit); a negative control (FlexKV's CPU copy zeroed before the restore); and a failed
-FlexKV load under ``kv_load_failure_policy=recompute``; a connector reset, and a pause clearing the caches
-right after ``generate()`` returned (FlexKV still storing that run). The restores are read from the data plane's own
-counters (the CPU copy kernel that FlexKV's transfer worker calls), not from vLLM's stats.
+blocks (a partial hit); a salted prompt under its own FlexKV namespace; a negative control (FlexKV's CPU
+copy zeroed before the restore); and a failed FlexKV load under ``kv_load_failure_policy=recompute``; a
+connector reset, and a pause clearing the caches right after ``generate()`` returned (FlexKV still storing
+that run). The restores are read from the data plane's own counters (the CPU copy kernel that FlexKV's
+transfer worker calls), not from vLLM's stats.
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ def test_a_prompt_sharing_only_a_prefix_restores_that_prefix_and_gives_its_cold_
     assert run["counters"]["partial_cold"]["h2d_blocks"] == 0  # its own cache_salt: nothing to hit
     assert run["counters"]["partial"]["h2d_blocks"] == 2  # A's first two blocks, then its own third one stored
     assert run["counters"]["partial"]["d2h_blocks"] == 1
+
+
+def test_a_salted_prompt_is_restored_from_flexkv_to_its_own_salt_only_with_its_cold_tokens(run):
+    counters = run["counters"]
+    assert counters["salt_cold"]["h2d_blocks"] == 0 and counters["salt_cold"]["d2h_blocks"] == 3
+    assert counters["salt_restored"]["h2d_blocks"] == 3 and run["salt_restored"] == run["salt_cold"]
+    assert counters["salt_other"]["h2d_blocks"] == 0  # another salt loads none of tenant-1's blocks
+    assert counters["salt_plain"]["h2d_blocks"] == 0  # nor does a plain request
+    assert run["salt_other"] == run["salt_plain"] == run["salt_cold"]  # a salt does not change the KV
+
+
+def test_negative_control_without_the_namespace_a_salt_loads_another_requests_blocks(run):
+    assert run["counters"]["salt_shared"]["h2d_blocks"] == 3  # the plain request's S, served to tenant-3
 
 
 def test_negative_control_a_perturbed_flexkv_copy_changes_the_tokens(run):

@@ -199,7 +199,9 @@ class Run:
 
 
 def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> dict[str, Any]:
-    """Cold, stored, evicted, restored; a partial hit; a negative control; a failed load (recomputed); a reset
+    """Cold, stored, evicted, restored; a partial hit; a salted prompt under its own namespace (restored to the same
+    salt, to no other salt nor a plain request; a negative control without the namespace); a negative control; a
+    failed load (recomputed); a reset
     of vLLM's prefix cache with its connector (FlexKV emptied), then A again; a pause clearing the caches right
     after that run returned, then A again.
 
@@ -207,16 +209,24 @@ def scenarios(run: Run, a: list[int], partial: list[int], max_tokens: int) -> di
     hit FlexKV, and the data plane's counters are read per phase.
     """
     out: dict[str, Any] = {"counters": {}}
+    salted = [3 + (t * 7 + 1) % 500 for t in a]  # S: three blocks of its own, shared with no other prompt
     phases = (
-        ("partial_cold", partial, "cold"),  # its own cache_salt: misses vLLM and FlexKV (FlexKV keys on the salt)
+        ("partial_cold", partial, "cold"),  # its own cache_salt: misses vLLM and FlexKV (its own FlexKV namespace)
         ("cold", a, None),  # stored to FlexKV when it finishes
         ("restored", a, None),  # evicted from vLLM (settle): a FlexKV hit
         ("partial", partial, None),  # shares only A's first blocks with anything stored
+        ("salt_cold", salted, "tenant-1"),  # S under a salt: stored under the salt's own FlexKV namespace
+        ("salt_restored", salted, "tenant-1"),  # the same salt: a FlexKV hit
+        ("salt_other", salted, "tenant-2"),  # another salt: none of tenant-1's blocks
+        ("salt_plain", salted, None),  # no salt: none of tenant-1's blocks either
+        ("salt_shared", salted, "tenant-3"),  # negative control: FlexKV told no namespace, S's plain blocks load
         ("perturbed", a, None),  # negative control: FlexKV's CPU copy zeroed where the restore reads it
         ("failed_load", a, None),  # the load fails (and the copy is still zeroed): vLLM recomputes
     )
     before = run.counters()
+    plugin_rule = run.flexkv._extract_namespace  # the plugin's namespace rule (integrations/vllm/namespaces.py)
     for name, tokens, salt in phases:
+        run.flexkv._extract_namespace = (lambda request: None) if name == "salt_shared" else plugin_rule
         run.perturb(name in ("perturbed", "failed_load"))
         run.fault.armed = name == "failed_load"
         out[name] = run.generate(tokens, max_tokens, salt=salt)

@@ -63,16 +63,17 @@ class FaultyKVManager(DataKVManager):
                 self._run(self.tasks[tid])  # the copy lands (into whatever the slots hold now)
                 fk.CALLS.append(("late copy", {"task_id": tid}))
 
-    def get_match(self, token_ids: np.ndarray, token_mask: np.ndarray, swa_aware: bool = False) -> tuple[int, Any]:
+    def get_match(self, token_ids: np.ndarray, token_mask: np.ndarray, swa_aware: bool = False,
+                  namespace: Any = None) -> tuple[int, Any]:  # fmt: skip
         self._tick()
-        return super().get_match(token_ids, token_mask, swa_aware=swa_aware)
+        return super().get_match(token_ids, token_mask, namespace=namespace, swa_aware=swa_aware)
 
-    def put_match(self, token_ids: np.ndarray, token_mask: Any = None) -> tuple[int, Any]:
+    def put_match(self, token_ids: np.ndarray, token_mask: Any = None, *, namespace: Any = None) -> tuple[int, Any]:
         self._tick()
-        missing = [p for p in self._prefixes(token_ids) if p not in self.pages and p not in self.reserved]
+        missing = [p for p in self._prefixes(token_ids, namespace) if p not in self.pages and p not in self.reserved]
         mask = np.zeros(len(token_ids), dtype=bool)
         for p in missing:
-            mask[len(p) - self.page : len(p)] = True
+            mask[self._end(p) - self.page : self._end(p)] = True
         tid = self._new(_Task("put", missing, [self.page] * len(missing)))
         self.reserved.update(dict.fromkeys(missing, tid))
         return tid, mask

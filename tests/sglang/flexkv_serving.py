@@ -46,7 +46,7 @@ def _status(response: Any) -> str:
 @dataclass
 class _Task:
     kind: str  # "get" | "put"
-    pages: list[tuple[int, ...]]  # the token prefixes that end each page
+    pages: list[tuple[Any, ...]]  # the token prefixes that end each page (after the namespace, if any)
     tokens_per_page: list[int]  # how many of the launched slots belong to each page
     slots: torch.Tensor | None = None
     status: str = "created"
@@ -62,7 +62,7 @@ class DataKVManager:
     dp_client_id: int = 0
     server_recv_port: str = ""
     gpu_register_port: str = ""
-    pages: dict[tuple[int, ...], list[torch.Tensor]] = field(default_factory=dict)
+    pages: dict[tuple[Any, ...], list[torch.Tensor]] = field(default_factory=dict)
     tasks: dict[int, _Task] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -80,36 +80,35 @@ class DataKVManager:
         self.tasks[tid] = task
         return tid
 
-    def _prefixes(self, token_ids: np.ndarray) -> list[tuple[int, ...]]:
-        ids = [int(t) for t in token_ids]
-        return [tuple(ids[: end + self.page]) for end in range(0, len(ids) - self.page + 1, self.page)]
+    def _prefixes(self, token_ids: np.ndarray, namespace: Any = None) -> list[tuple[Any, ...]]:
+        """Each page's key: its token prefix, after the namespace (a tuple) if any (FlexKV's own hashing of it:
+        test_sglang_bridge_namespaces_kvmanager.py)."""
+        ids, space = [int(t) for t in token_ids], (tuple(namespace),) if namespace else ()
+        return [space + tuple(ids[: end + self.page]) for end in range(0, len(ids) - self.page + 1, self.page)]
+
+    @staticmethod
+    def _end(prefix: tuple[Any, ...]) -> int:  # where the page keyed ``prefix`` ends in the token ids
+        return len(prefix) - (1 if prefix and isinstance(prefix[0], tuple) else 0)
 
     # FlexKV 34ab141's KVManager signatures (kvmanager.py:199-313): the bridge's recorder passes them on by position
     def get_match(self, token_ids: np.ndarray, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
                   swa_aware: bool = False) -> tuple[int, Any]:  # fmt: skip
-        cached = 0
-        for prefix in self._prefixes(token_ids):
-            if prefix not in self.pages:
-                break
-            cached += 1
+        prefixes = self._prefixes(token_ids, namespace)
+        cached = next((i for i, prefix in enumerate(prefixes) if prefix not in self.pages), len(prefixes))
         mask = np.zeros(len(token_ids), dtype=bool)
         mask[: cached * self.page] = True
         if token_mask is not None:  # FlexKV: no mask, every token
             mask &= np.asarray(token_mask, dtype=bool)
-        pages = [
-            p
-            for i, p in enumerate(self._prefixes(token_ids)[:cached])
-            if mask[i * self.page : (i + 1) * self.page].any()
-        ]
-        counts = [int(mask[len(p) - self.page : len(p)].sum()) for p in pages]
+        pages = [p for i, p in enumerate(prefixes[:cached]) if mask[i * self.page : (i + 1) * self.page].any()]
+        counts = [int(mask[self._end(p) - self.page : self._end(p)].sum()) for p in pages]
         fk.CALLS.append(("get_match", {"tokens": len(token_ids), "hit": int(mask.sum())}))
         return self._new(_Task("get", pages, counts, status="created" if pages else "success")), mask
 
     def put_match(self, token_ids: np.ndarray, token_mask: Any = None, namespace: Any = None) -> tuple[int, Any]:
-        missing = [p for p in self._prefixes(token_ids) if p not in self.pages]
+        missing = [p for p in self._prefixes(token_ids, namespace) if p not in self.pages]
         mask = np.zeros(len(token_ids), dtype=bool)
         for p in missing:
-            mask[len(p) - self.page : len(p)] = True
+            mask[self._end(p) - self.page : self._end(p)] = True
         return self._new(_Task("put", missing, [self.page] * len(missing))), mask
 
     def launch(self, task_ids: list[int], slot_mappings: list[torch.Tensor], swa_slot_mappings: Any = None,

@@ -128,7 +128,7 @@ class Rig:
         )
         return SimpleNamespace(
             kv=kv, slots=slots, extra_key=namespace.get("extra_key"), cache_salt=namespace.get("cache_salt"),
-            multimodal_inputs=namespace.get("multimodal_inputs"),
+            multimodal_inputs=namespace.get("multimodal_inputs"), lora_id=namespace.get("lora_id"), rid=rid,
             priority=None, origin_input_ids=ids[:prompt], output_ids=ids[prompt:], full_untruncated_fill_ids=ids,
             lock=None, last_node=None, cache_request_handle=CacheRequestHandle(rid, attempt), finished=lambda: True,
         )  # fmt: skip

@@ -182,9 +182,25 @@ def test_dcp_is_refused(sglang_env, models, monkeypatch):
 
 
 @pytest.mark.parametrize("namespace", [{"extra_key": "lora-a"}, {"cache_salt": "tenant-a"}])
-def test_namespaced_requests_never_reach_flexkv(sglang_env, models, monkeypatch, namespace):
+def test_namespaced_requests_get_no_other_namespaces_kv_and_store_their_own(sglang_env, models, monkeypatch, namespace):
     sglang_env.use("serving")
     sglang_env.load()
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    rig.finish(rig.request("plain", IDS, prompt=40, seed=5))  # a tenant without a namespace stores
+    for _ in range(2):
+        rig.cache.check_hicache_events()
+    rig.evict_all()
+    _, slots = rig.match_and_load(rig.request("t", IDS, prompt=40, allocate=False, **namespace))
+    assert slots is None  # FlexKV was asked under the request's namespace: nothing of the plain tenant's
+    stores = len(fk.calls("store_kv"))
+    rig.finish(rig.request("t", IDS, prompt=40, seed=6, **namespace))
+    assert len(fk.calls("store_kv")) == stores + 1
+
+
+@pytest.mark.parametrize("namespace", [{"extra_key": "lora-a"}, {"cache_salt": "tenant-a"}])
+def test_with_skip_namespaced_requests_never_reach_flexkv(sglang_env, models, monkeypatch, namespace):
+    sglang_env.use("serving")
+    sglang_env.load(FLEXKV_ADAPTER_SGLANG_NAMESPACED_REQUESTS="skip")
     rig = Rig(monkeypatch, models["llama"], "mha")
     rig.finish(rig.request("plain", IDS, prompt=40, seed=5))  # a tenant without a namespace stores
     for _ in range(2):

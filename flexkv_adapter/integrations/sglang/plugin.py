@@ -14,7 +14,8 @@ installed:
   ``handle=`` (``:204``, ``:250``, ``:425``, positional elsewhere) and ``check_completed_stores``
   (``:468``); the in-tree ``__init__`` hook is then not registered;
 * AROUND hooks on ``FlexKVRadixCache.match_prefix`` (``:156``) and ``.checkpoint`` (``:382``):
-  requests with a LoRA or cache_salt bypass FlexKV (:mod:`.namespaces`);
+  requests with a LoRA, extra_key or cache_salt use FlexKV under a namespace of their own, multimodal ones
+  bypass it (:mod:`.namespaces`);
 * an AROUND hook on ``FlexKVRadixCache.release_aborted_request`` (``:481``): an aborted request's
   store that FlexKV still copies keeps its radix lock until it completes (:mod:`.aborts`);
 * AFTER hooks on ``FlexKVRadixCache.match_prefix`` (``:196-197``, ``:207-208`` return without releasing

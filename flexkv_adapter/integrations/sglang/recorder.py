@@ -43,18 +43,21 @@ class ObservedManager:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self.log: list[tuple[str, Any]] = []
+        # the FlexKV namespace of the request being matched or stored (set around SGLang's call: .namespaces), given
+        # to get_match/put_match, which FlexKV's connector calls without one (connector.py:496, 1065)
+        self.namespace: list[str] | None = None
         self.generic: tuple[str, ...] = tuple(name for name in _GENERIC if not _same_signature(manager, name))
         for name in self.generic:
             setattr(self, name, types.MethodType(_GENERIC[name], self))
 
     def get_match(self, token_ids: Any, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
                   swa_aware: bool = False) -> Any:  # fmt: skip
-        result = self.manager.get_match(token_ids, token_mask, cpu_only, namespace, swa_aware)
+        result = self.manager.get_match(token_ids, token_mask, cpu_only, namespace or self.namespace, swa_aware)
         self.log.append((CREATED, result))
         return result
 
     def put_match(self, token_ids: Any, token_mask: Any = None, namespace: Any = None) -> Any:
-        result = self.manager.put_match(token_ids, token_mask, namespace)
+        result = self.manager.put_match(token_ids, token_mask, namespace or self.namespace)
         self.log.append((CREATED, result))
         return result
 
@@ -130,9 +133,15 @@ def _generic(self: ObservedManager, name: str, what: str, args: tuple[Any, ...],
     return result
 
 
+def _spaced(self: ObservedManager, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The caller's keywords, with the request's namespace where one is set (a manager without the keyword raises:
+    the call fails as a miss, never runs without it)."""
+    return kwargs if self.namespace is None else {**kwargs, "namespace": self.namespace}
+
+
 _GENERIC = {
-    "get_match": lambda self, *args, **kwargs: _generic(self, "get_match", CREATED, args, kwargs),
-    "put_match": lambda self, *args, **kwargs: _generic(self, "put_match", CREATED, args, kwargs),
+    "get_match": lambda self, *args, **kwargs: _generic(self, "get_match", CREATED, args, _spaced(self, kwargs)),
+    "put_match": lambda self, *args, **kwargs: _generic(self, "put_match", CREATED, args, _spaced(self, kwargs)),
     "launch": lambda self, *args, **kwargs: _generic(self, "launch", LAUNCHED, args, kwargs),
     "wait": lambda self, *args, **kwargs: _generic(self, "wait", WAITED, args, kwargs),
     "try_wait": lambda self, *args, **kwargs: self.manager.try_wait(*args, **kwargs),
