@@ -1,17 +1,57 @@
 # shellcheck shell=bash
 # Sourced by setup.sh and the tier installers (run from the repository root): a progress line with
 # size and rough time before each long install, its duration after, and no reinstall of this
-# checkout when it is already installed from here and pyproject.toml has not changed.
+# checkout when it is already installed from here and pyproject.toml has not changed. pip's own
+# output goes to a log file (one line says where), so that its expected warnings do not read as
+# failures; a failed install prints the log's last lines.
 
 say() { printf '%s\n' "$*" >&2; }
 
-# pip_q VENV ARGS...: a quiet pip install into VENV (local-index notices filtered out). Returns pip's
-# own status: a failed install stops the script that sourced this, it is never reported as done.
-pip_q() {
-    local venv=$1
+# INSTALL_LOG: the log file of pip's output (default: VENV/install.log of the first install);
+# INSTALL_NOTE: what the lines in it that look like failures mean, said once with the log's path.
+INSTALL_LOG=${INSTALL_LOG:-}
+INSTALL_NOTE=${INSTALL_NOTE:-}
+_LOG_TOLD=""
+
+# _pip_log VENV ARGS...: pip install into VENV with all its output appended to the log; pip's status.
+_pip_log() {
+    local venv=$1 log=${INSTALL_LOG:-$1/install.log} rc=0
     shift
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "is ignored" || true; }
-    return "${PIPESTATUS[0]}"
+    mkdir -p "$(dirname "$log")"
+    if [ "$_LOG_TOLD" != "$log" ]; then
+        say "setup: pip's output goes to $log${INSTALL_NOTE:+ ($INSTALL_NOTE)}"
+        _LOG_TOLD=$log
+    fi
+    printf '\n== %s: pip install %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >>"$log"
+    "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off "$@" >>"$log" 2>&1 || rc=$?
+    return "$rc"
+}
+
+# pip_q VENV ARGS...: a pip install into VENV, its output in the log. Returns pip's own status, after
+# the log's last lines: a failed install stops the script that sourced this, it is never reported as done.
+pip_q() {
+    local log=${INSTALL_LOG:-$1/install.log} rc=0
+    _pip_log "$@" || rc=$?
+    if [ "$rc" != 0 ]; then
+        say "setup: pip exited $rc; the last lines of $log:"
+        tail -n 30 "$log" | sed 's/^/  | /' >&2
+    fi
+    return "$rc"
+}
+
+# quiet VENV CMD...: run CMD (an import check that prints versions) with its stderr in the log: on CPU the
+# engines warn of each CUDA-only part they lack (vllm._C, AWQ, GGUF). A failure prints the log's last lines.
+quiet() {
+    local log=${INSTALL_LOG:-$1/install.log} rc=0
+    shift
+    mkdir -p "$(dirname "$log")"
+    printf '\n== %s: the import check\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$log"
+    "$@" 2>>"$log" || rc=$?
+    if [ "$rc" != 0 ]; then
+        say "setup: the import check failed (exit $rc); the last lines of $log:"
+        tail -n 30 "$log" | sed 's/^/  | /' >&2
+    fi
+    return "$rc"
 }
 
 # free_mb PATH: free space on PATH's filesystem, in MiB.
@@ -98,4 +138,35 @@ vllm_over() {
         step "$dist $version (no dependency tree) into $target" "$size" "under a minute" \
             pip_q "$venv" --no-deps --target "$target" "$dist==$version"
     fi
+}
+
+# TORCH_CPU_INDEX: PyTorch's own index of CPU builds, asked when pip's sources have none (empty: never).
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX-https://download.pytorch.org/whl/cpu}
+
+# torch_cpu VENV VERSION: torch VERSION, the CPU build where one is reachable: from pip's own sources (a
+# local wheel, a mirror), else the wheel alone from $TORCH_CPU_INDEX (its dependencies from pip's sources:
+# an --index-url would hide a configured mirror); else the default index's, on Linux x86_64 the CUDA build.
+torch_cpu() {
+    local venv=$1 version=$2
+    _pip_log "$venv" "torch==$version+cpu" && return
+    if [ -n "$TORCH_CPU_INDEX" ] && _pip_log "$venv" --no-deps --retries 1 --timeout 30 \
+        --index-url "$TORCH_CPU_INDEX" "torch==$version+cpu"; then
+        pip_q "$venv" "torch==$version+cpu"
+        return
+    fi
+    say "setup: no CPU build of torch $version in pip's sources${TORCH_CPU_INDEX:+ or at $TORCH_CPU_INDEX};" \
+        "installing the default index's build (on Linux x86_64 the CUDA one: ~4.5 GB with NVIDIA's libraries)"
+    need_disk 5120 "torch $version with its CUDA libraries ($venv)"
+    pip_q "$venv" "torch==$version"
+}
+
+# torch_build VENV: "torch VERSION (CPU build)" or "(CUDA X build)", read from torch/version.py without
+# importing torch (that costs seconds on every run).
+torch_build() {
+    "$1/bin/python" -c "import importlib.util as u, pathlib, re
+s = u.find_spec('torch')
+t = (pathlib.Path(s.origin).parent / 'version.py').read_text() if s and s.origin else ''
+v = re.search(r\"__version__ = '([^']+)'\", t)
+c = re.search(r\"^cuda\\b.*= '([^']+)'\", t, re.M)
+print('no torch' if not v else f\"torch {v[1]} ({f'CUDA {c[1]}' if c else 'CPU'} build)\")"
 }

