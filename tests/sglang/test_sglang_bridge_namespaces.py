@@ -149,3 +149,13 @@ def test_a_joined_key_that_does_not_end_with_the_lora_id_is_refused():
     req = SimpleNamespace(extra_key="tenant1", lora_id="other", cache_salt=None)
     with pytest.raises(sglang_namespaces.Uncarried, match="does not end with"):
         sglang_namespaces.extras(req)
+
+
+def test_a_field_that_is_not_a_plain_str_is_refused():
+    class Salt(str):
+        pass
+
+    req = SimpleNamespace(extra_key=None, lora_id=None, cache_salt=Salt("s"))
+    carrier = type("Carrier", (), {"carries_namespaces": True})
+    with pytest.raises(sglang_namespaces.Uncarried, match="not Salt"):
+        sglang_namespaces.namespace_for(_radix(carrier), req)

@@ -183,3 +183,18 @@ def test_negative_control_flexkv_hashes_a_block_aligned_namespace_like_a_plain_p
     tokens = list(range(64))
     name = "x" * 16
     assert block_hashes(tokens, 16, [name]) <= block_hashes(spelled(name) + tokens, 16, None)
+
+
+class Name(str):
+    """A LoRA name that is a str subclass (module level: vLLM pickles the extras it hashes)."""
+
+
+def test_a_lora_whose_name_is_not_a_plain_str_bypasses_flexkv_instead_of_raising(plugged, tmp_path):
+    engine = Engine(plugged, tmp_path)
+    engine.serve("A", A, lora_request=lora("t1", "/adapters/t1"))
+    engine.forget_local()
+    b = engine.add("B", B, lora_request=lora(Name("t1"), "/adapters/t1"))
+    engine.run(lambda: b.status.name == "RUNNING")
+    assert admitted(engine, "B") == [0]
+    engine.run(engine.idle)
+    assert engine.finished["B"].name == "LENGTH"

@@ -64,7 +64,10 @@ def extras(req: Any) -> list[Extra]:
 
 def namespace_for(radix: Any, req: Any) -> list[str] | None:
     """FlexKV's namespace for the request on this radix cache; :class:`Uncarried` where it cannot be carried."""
-    namespace = namespace_of(extras(req))
+    try:
+        namespace = namespace_of(extras(req))
+    except TypeError as exc:  # a field that is not a plain str (a subclass could read two ways)
+        raise Uncarried(str(exc)) from exc
     if namespace is None:
         return None
     if getattr(type(getattr(radix, "flexkv_connector", None)), CARRIES, False) is not True:

@@ -45,8 +45,20 @@ def namespace(request: Any) -> list[str] | None:
 
 
 def bypassed(conn: Any, request: Any) -> bool:
-    """Whether FlexKV is skipped for the request on this connector."""
-    return excluded(request) or (getattr(conn, UNCARRIED) is not None and bool(extras(request)))
+    """Whether FlexKV is skipped for the request on this connector: also where its extras cannot be encoded
+    one-to-one (a name that is not a plain ``str``), which would otherwise raise inside FlexKV's lookup."""
+    if excluded(request):
+        return True
+    found = extras(request)
+    if not found:
+        return False
+    if getattr(conn, UNCARRIED) is not None:
+        return True
+    try:
+        namespace_of(found)
+    except TypeError:
+        return True
+    return False
 
 
 __all__ = ["UNCARRIED", "bypassed", "excluded", "extras", "namespace"]
