@@ -16,6 +16,7 @@ START = "engine start (FlexKVConnectorV1's construction and register_kv_caches, 
 PLAIN = "Serve this model without FlexKVConnectorV1"
 BROKEN = f"{T}test_vllm_lifecycle_loads.py::test_negative_control_a_broken_registration_loads_other_bytes"
 NAMESPACES = f"{T}test_vllm_namespaces.py::"
+LORA_E2E = "tests/e2e/test_vllm_lora.py::"
 NAMESPACE_HITS = f"{NAMESPACES}test_the_same_namespace_again_restores_its_own_kv_from_flexkv"
 NAMESPACES_CONTROL = f"{NAMESPACES}test_negative_control_flexkvs_own_namespace_serves_another_namespaces_kv"
 NAMESPACED = (
@@ -88,8 +89,9 @@ OTHER_ROWS: tuple[Feature, ...] = (
     Feature("several KV cache groups", "KV cache groups", "refused", "a hybrid model's groups (hybrid memory "
             "allocator): FlexKVConnectorV1 registers one group", where=START, instead=PLAIN),
     Feature("LoRA", REQUEST, "served", NAMESPACED.format(extra="(lora, name, path)", what="LoRA (name and path)",
-            other="cache_salt"), proof=f"{NAMESPACE_HITS}[same lora]",
-            control=f"{NAMESPACES_CONTROL}[lora re-pointed to a new path]"),
+            other="cache_salt"), proof=f"{LORA_E2E}test_a_lora_prompt_restored_from_flexkv_gives_that_adapters_cold_"
+            "tokens", control=f"{LORA_E2E}test_negative_control_flexkvs_own_rule_serves_a_re_pointed_name_the_old_"
+            "adapters_kv"),
     Feature("cache_salt", REQUEST, "served", NAMESPACED.format(extra="(cache_salt, salt)", what="salt",
             other="LoRA"), proof=f"{NAMESPACE_HITS}[same salt]",
             control=f"{NAMESPACES_CONTROL}[lora name vs same-named salt]"),

@@ -129,7 +129,7 @@ class _LoadFault:
 class Run:
     """The LLM, FlexKV's scheduler side inside it, and the data plane's counters."""
 
-    def __init__(self, model: Path, state: Path, policy: str) -> None:
+    def __init__(self, model: Path, state: Path, policy: str, **llm_options: Any) -> None:
         from vllm import LLM
 
         self.state = state
@@ -138,7 +138,7 @@ class Run:
             max_num_seqs=4, max_num_batched_tokens=512, attention_config={"backend": "CPU_ATTN"},
             num_gpu_blocks_override=GPU_BLOCKS,
             kv_transfer_config={"kv_connector": "FlexKVConnectorV1", "kv_role": "kv_both",
-                                "kv_load_failure_policy": policy},
+                                "kv_load_failure_policy": policy}, **llm_options,
         )  # fmt: skip
         core = self.llm.llm_engine.engine_core.engine_core
         self.connector = core.scheduler.connector
@@ -151,7 +151,7 @@ class Run:
 
         return read_counters(self.state)
 
-    def generate(self, tokens: list[int], max_tokens: int, salt: str | None = None) -> list[int]:
+    def generate(self, tokens: list[int], max_tokens: int, salt: str | None = None, lora: Any = None) -> list[int]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -159,7 +159,7 @@ class Run:
         if salt is not None:
             prompt["cache_salt"] = salt
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        (out,) = self.llm.generate([prompt], params, use_tqdm=False)
+        (out,) = self.llm.generate([prompt], params, use_tqdm=False, lora_request=lora)
         return list(out.outputs[0].token_ids)
 
     def settle(self) -> int:
@@ -285,6 +285,7 @@ def main() -> None:
     parser.add_argument("--partial", type=int, nargs="+", required=True, help="a prompt sharing only A's prefix")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--sliding-window", type=int, help="only start an engine on a sliding-window model")
+    parser.add_argument("--lora", action="store_true", help="only the LoRA scenario (tests/e2e/vllm_lora.py)")
     args = parser.parse_args()
     import vllm.logger  # configures vLLM's loggers, replacing their handlers: attach after it
 
@@ -303,14 +304,20 @@ def main() -> None:
     t0 = time.monotonic()
     _kv_memory_in_shared_files(shm)
     _registrations_keep_the_shared_file()
-    run = Run(args.model, args.state, policy="recompute")
+    lora = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 2} if args.lora else {}
+    run = Run(args.model, args.state, policy="recompute", **lora)
     vllm_logger = logging.getLogger("vllm")
     if records not in vllm_logger.handlers:  # vLLM's engine start configured its loggers again
         vllm_logger.addHandler(records)
     started = time.monotonic() - t0
     import vllm
 
-    result = scenarios(run, args.prompt, args.partial, args.max_tokens)
+    if args.lora:
+        from tests.e2e.vllm_lora import scenarios as lora_scenarios
+
+        result = lora_scenarios(run, args.model, args.prompt, args.max_tokens, _count)
+    else:
+        result = scenarios(run, args.prompt, args.partial, args.max_tokens)
     result.update(
         vllm=vllm.__version__, start_s=round(started, 1), run_s=round(time.monotonic() - t0 - started, 1),
         warnings=records.lines[-40:], flexkv_module=type(run.connector._flexkv_connector).__module__,
