@@ -17,9 +17,9 @@ NAMESPACES_CONTROL = f"{NAMESPACES}test_negative_control_a_namespace_not_handed_
 NAMESPACED = (
     "offloaded under a FlexKV namespace of its own (sglang_namespaced_requests: namespaced, the default): a digest "
     "of the request's tagged {what} (flexkv/namespace.py), taken from the request, not from SGLang's joined "
-    "extra_key; the same {what} hits its own KV, any other namespace misses (also over FlexKV's real KVManager). "
-    "Bypassed per request under SGLang's in-tree connector, on a match without a request (layerwise), or where "
-    "page_size divides 61; `skip` bypasses them all, `shared` shares KV by token ids"
+    "extra_key; the same {what} hits its own KV, any other namespace misses (a LoRA's also over FlexKV's real "
+    "KVManager). Bypassed per request under SGLang's in-tree connector or where page_size divides 61 (1, SGLang's "
+    "default, or 61); `skip` bypasses them all, `shared` shares KV by token ids"
 )
 E2E = "tests/e2e/test_sglang_generate.py::"
 RETRACT = f"{T}test_sglang_bridge_retract.py::"

@@ -42,6 +42,7 @@ NAMESPACES = {
     "lora re-pointed": {"lora_id": "tenant1-reloaded"},
     "cache_salt tenant1": {"cache_salt": "tenant1"},
     "caller extra_key tenant1": {"extra_key": "tenant1"},
+    "caller extra_key empty": {"extra_key": ""},  # SGLang's tree keys "" apart from none
     "caller extra_key ten + lora ant1": {"extra_key": "ten", "lora_id": "ant1"},  # SGLang's joined key: "tenant1"
     "lora tenant1 + cache_salt": {"lora_id": "tenant1", "cache_salt": "s"},
 }
@@ -137,6 +138,9 @@ def test_a_namespace_the_connector_cannot_carry_is_refused_with_its_reason():
 
     req = SimpleNamespace(**_namespace(lora_id="tenant1"))
     carrier = type("Carrier", (), {"carries_namespaces": True})
+    leader_without_recorder = type("Leader", (), {"carries_namespaces": True, "leader": True, "observed": None})
+    with pytest.raises(sglang_namespaces.Uncarried, match="no KVManager recorder"):
+        sglang_namespaces.namespace_for(_radix(leader_without_recorder), req)
     with pytest.raises(sglang_namespaces.Uncarried, match="in-tree connector"):
         sglang_namespaces.namespace_for(_radix(type("InTree", (), {})), req)
     with pytest.raises(sglang_namespaces.Uncarried, match="tokens_per_block=1 "):
@@ -159,3 +163,15 @@ def test_a_field_that_is_not_a_plain_str_is_refused():
     carrier = type("Carrier", (), {"carries_namespaces": True})
     with pytest.raises(sglang_namespaces.Uncarried, match="not Salt"):
         sglang_namespaces.namespace_for(_radix(carrier), req)
+
+
+def test_a_nested_call_keeps_the_outer_namespace_and_refuses_another():
+    from flexkv_adapter.errors import AdapterError
+
+    observed = SimpleNamespace(namespace=["outer"])
+    radix = SimpleNamespace(flexkv_connector=SimpleNamespace(observed=observed))
+    seen = sglang_namespaces._carried(radix, ["outer"], lambda: observed.namespace)
+    assert seen == ["outer"] and observed.namespace == ["outer"]  # restored, not cleared
+    with pytest.raises(AdapterError, match="nested"):
+        sglang_namespaces._carried(radix, ["inner"], lambda: None)
+    assert observed.namespace == ["outer"]

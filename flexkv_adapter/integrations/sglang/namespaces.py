@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from ...config.settings import AdapterSettings
+from ...errors import AdapterError
 from ...flexkv.namespace import Extra, alignment_problem, namespace_of
 from .flush import PREFIX
 
@@ -49,15 +50,17 @@ def namespaced(obj: Any) -> bool:
 
 
 def extras(req: Any) -> list[Extra]:
-    """The request's tagged extras: the caller's ``extra_key`` (``""`` is none, as SGLang reads it), its LoRA id,
-    its salt. Raises :class:`Uncarried` where the joined key does not end with the LoRA id."""
+    """The request's tagged extras: the caller's ``extra_key``, its LoRA id, its salt (an empty salt is none, as
+    SGLang reads it). SGLang's tree keys ``extra_key=""`` apart from none (radix_cache.py:223-247), except
+    beside a LoRA id, where its joined key is the same for both. Raises :class:`Uncarried` where the joined key
+    does not end with the LoRA id."""
     lora_id, joined = getattr(req, "lora_id", None), getattr(req, "extra_key", None)
     salt, caller = getattr(req, "cache_salt", None), joined
     if lora_id is not None:
         if type(lora_id) is not str or type(joined) is not str or not joined.endswith(lora_id):
             raise Uncarried(f"extra_key {joined!r} does not end with lora_id {lora_id!r}")
-        caller = joined[: len(joined) - len(lora_id)]
-    found: list[Extra] = [("extra_key", caller)] if caller else []
+        caller = joined[: len(joined) - len(lora_id)] or None
+    found: list[Extra] = [("extra_key", caller)] if caller is not None else []
     found += [("lora", lora_id)] if lora_id is not None else []
     return found + ([("cache_salt", salt)] if salt else [])
 
@@ -70,8 +73,11 @@ def namespace_for(radix: Any, req: Any) -> list[str] | None:
         raise Uncarried(str(exc)) from exc
     if namespace is None:
         return None
-    if getattr(type(getattr(radix, "flexkv_connector", None)), CARRIES, False) is not True:
+    connector = getattr(radix, "flexkv_connector", None)
+    if getattr(type(connector), CARRIES, False) is not True:
         raise Uncarried("SGLang's in-tree connector serves FlexKV here, which takes no namespace")
+    if getattr(connector, "leader", False) and getattr(connector, "observed", None) is None:
+        raise Uncarried("the TP leader's FlexKV connector has no KVManager recorder to hand the namespace to")
     if problem := alignment_problem(int(radix.page_size)):
         raise Uncarried(problem)
     return namespace
@@ -89,11 +95,14 @@ def _carried(radix: Any, namespace: list[str] | None, call: Any, *args: Any, **k
     observed = getattr(radix.flexkv_connector, "observed", None)
     if namespace is None or observed is None:
         return call(*args, **kwargs)
+    outer = observed.namespace
+    if outer is not None and outer != namespace:  # a nested call of another request: never run under the wrong one
+        raise AdapterError(f"{PREFIX}: a FlexKV call for one namespace nested in another's")
     observed.namespace = namespace
     try:
         return call(*args, **kwargs)
     finally:
-        observed.namespace = None
+        observed.namespace = outer
 
 
 def _uncarried(req: Any, why: str) -> None:
