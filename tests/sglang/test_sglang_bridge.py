@@ -56,6 +56,17 @@ def test_store_evict_restore_is_byte_exact_through_the_real_radix_cache(sglang_e
     assert fk.calls("store_kv")[0]["sglang_req_id"] == "r1"
 
 
+def test_the_hits_line_counts_what_the_radix_cache_matched_and_restored(sglang_env, models, monkeypatch):
+    sglang_env.use("serving")
+    sglang_env.load()
+    rig = Rig(monkeypatch, models["llama"], "mha")
+    _, _, loaded, _, _, _ = _served(rig)
+    counts = rig.cache.flexkv_connector.hits_log.counts
+    assert loaded == len(IDS)
+    assert (counts["lookups"], counts["hits"], counts["hit_tokens"]) == (1, 1, len(IDS))
+    assert (counts["loads"], counts["restored_tokens"], counts["failed_loads"]) == (1, len(IDS), 0)
+
+
 def test_negative_control_a_registration_that_does_not_alias_the_pool_fails(sglang_env, models, monkeypatch):
     sglang_env.use("serving")
     sglang_env.load()

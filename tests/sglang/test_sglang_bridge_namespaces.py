@@ -175,3 +175,10 @@ def test_a_nested_call_keeps_the_outer_namespace_and_refuses_another():
     with pytest.raises(AdapterError, match="nested"):
         sglang_namespaces._carried(radix, ["inner"], lambda: None)
     assert observed.namespace == ["outer"]
+
+
+def test_a_lora_id_without_the_joined_extra_key_is_namespaced_not_served_plain():
+    req = SimpleNamespace(extra_key=None, lora_id="tenant1", cache_salt=None, multimodal_inputs=None)
+    assert sglang_namespaces.namespaced(req)
+    with pytest.raises(sglang_namespaces.Uncarried, match="does not end with"):
+        sglang_namespaces.extras(req)

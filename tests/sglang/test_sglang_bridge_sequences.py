@@ -109,6 +109,7 @@ def test_negative_control_keys_parsed_from_the_left_lose_completions(sglang_env,
 
     monkeypatch.setattr(BridgeConnector, "_handle", first_split)
     monkeypatch.setattr(StoreKeys, "completed", lambda self, key: None)  # every completion parsed from its key
+    monkeypatch.setattr(StoreKeys, "take", lambda self, keys: [None] * len(keys))  # (the poll's, for all its keys)
     sglang_env.use("serving")
     sglang_env.load()
     with pytest.raises(AssertionError):

@@ -101,16 +101,10 @@ def _load_real_adapter(path: str) -> None:
 
     import flexkv.integration.vllm  # noqa: F401  (the stand-in's package, for the module's parents)
 
-    root = Path(path).parents[3]
-    for name, file in (
-        ("flexkv.common.hash_utils", root / "flexkv" / "common" / "hash_utils.py"),  # FlexKV's own hashing of
-        ("flexkv.common.block", root / "flexkv" / "common" / "block.py"),  # namespaces and blocks (the stand-in keys)
-        ("flexkv.integration.vllm.vllm_v1_adapter", Path(path)),
-    ):
-        spec = importlib.util.spec_from_file_location(name, file)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    spec = importlib.util.spec_from_file_location("flexkv.integration.vllm.vllm_v1_adapter", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
 
 
 def _drop_flexkv() -> None:

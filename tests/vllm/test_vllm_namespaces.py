@@ -161,9 +161,10 @@ EXTRAS = st.lists(
 def block_hashes(tokens: list[int], tokens_per_block: int, namespace: list[str] | None) -> set[int]:
     """FlexKV's own block hashes (block.py's SequenceMeta, from the FlexKV tree) of a sequence."""
     import numpy as np
-    from flexkv.common.block import SequenceMeta
+    from flexkv.kvmanager import _sequence_meta
 
-    return {int(h) for h in SequenceMeta(np.asarray(tokens, dtype=np.int64), tokens_per_block, namespace).block_hashes}
+    ids = np.asarray(tokens, dtype=np.int64)
+    return {int(h) for h in _sequence_meta()(ids, tokens_per_block, namespace).block_hashes}
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

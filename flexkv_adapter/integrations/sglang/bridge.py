@@ -7,11 +7,10 @@ what the radix cache builds instead of the in-tree class: it owns FlexKV's conne
 ``rid``), is the same on every rank (FlexKV compares store keys across TP ranks) and is unique per
 store in flight (:mod:`.stores`).
 
-Every FlexKV outcome passes through here: a load is "every slot on every rank" or a miss
-(:mod:`.outcomes`), slots FlexKV may still write stay quarantined, nothing FlexKV raises reaches
-SGLang's scheduler (the error is logged once, its FlexKV task cancelled, the call a miss), and a flush
-empties FlexKV or fails (:mod:`.flush`). Which connector is built, and the checks before:
-:mod:`.resolve`.
+Every FlexKV outcome passes through here: a load is "every slot on every rank" or a miss (:mod:`.outcomes`),
+slots FlexKV may still write stay quarantined, nothing FlexKV raises reaches SGLang's scheduler (the error is
+logged once, its FlexKV task cancelled, the call a miss), and a flush empties FlexKV or fails (:mod:`.flush`).
+Which connector is built, and the checks before: :mod:`.resolve`.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from ...config.settings import load_settings
 from ...errors import AdapterError
 from .flush import SCHEDULER_MODULE, flush, register_radix_hooks
 from .hits_log import attach as attach_hits_log
-from .outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, waited
-from .recorder import BARRIER, ObservedManager, observe_barrier
+from .outcomes import QUARANTINE, Agreement, Quarantine, Seen, load_outcome, status_of, waited
+from .recorder import BARRIER, WAITED, ObservedManager, observe_barrier
 from .refusals import start_refusal
 from .resolve import (
     CALLS,
@@ -53,6 +52,11 @@ class BridgeConnector:
     stale = False  # a flush did not empty FlexKV: bypass it until one does
     carries_namespaces = True  # its recorder hands a request's namespace to FlexKV (.namespaces)
     radix: Any = None  # the FlexKVRadixCache (attached by the plugin's hook on its __init__)
+    # the last handle a lookup, load or store was given, and its key: SGLang passes a request's own handle
+    # (Req.cache_request_handle, a frozen dataclass) to each of its calls, so the key is made once a request
+    _memo_handle: Any = None
+    _memo_key, _tp1_leader = "", False
+    _success: Any = None  # the last status object a load's wait answered that status_of reads as "success"
 
     def __init__(self, **kwargs: Any) -> None:
         try:
@@ -83,6 +87,7 @@ class BridgeConnector:
         sync = getattr(self.connector, "_sync_ctx", None)
         self.leader = bool(getattr(sync, "is_sync_leader", True))
         self.agreement = Agreement(kwargs.get("attn_tp_group"), bool(getattr(sync, "needs_sync", False)))
+        self._tp1_leader = self.leader and not self.agreement.active  # a load's outcome read inline (retrieve_kv)
         manager = getattr(self.connector, "kv_manager", None)
         self.observed = ObservedManager(manager) if manager is not None else None
         if self.observed is not None:
@@ -126,7 +131,9 @@ class BridgeConnector:
     def lookup_kv(self, token_ids: Any, token_mask: Any, handle: Any = None) -> Any:
         if self.stale:
             return -1, 0
-        key = None if handle is None else handle_key(handle)
+        key = None if handle is None else handle_key(handle)  # a request's first call: made here, kept for the next
+        if key is not None:
+            self._memo_handle, self._memo_key = handle, key
         self._clean = False
         self._log.clear()
         try:
@@ -154,7 +161,9 @@ class BridgeConnector:
 
     def retrieve_kv(self, handle: Any, slot_mapping: Any) -> int:
         """Every slot on every rank, or 0; slots FlexKV may still write are quarantined (SGLang frees the rest)."""
-        key = handle_key(handle)
+        if handle is not self._memo_handle:
+            self._memo_handle, self._memo_key = handle, handle_key(handle)
+        key = self._memo_key
         count: int = slot_mapping.numel()
         pending = getattr(self.connector, "_pending_lookups", None)
         tid = -1 if pending is None else int(pending.get(key, -1))
@@ -164,10 +173,19 @@ class BridgeConnector:
             returned = self.connector.retrieve_kv(key, slot_mapping)
         except Exception as exc:
             return self._settle_load(handle, key, slot_mapping, tid, None, exc)
-        # the one outcome that needs no more: load_outcome's "count", at TP 1 (the rest is _settle_load's)
-        local = load_outcome(self.leader, self._log, tid, count, returned, False) if type(returned) is int else None
-        if local == count > 0 and not self.agreement.active:
-            return count
+        # the one outcome that needs no more: load_outcome's "count", at TP 1 (the rest is _settle_load's). A
+        # leader's load that FlexKV's last call, its wait, answered "success" for is read inline, as load_outcome
+        # reads it (waited, status_of: the last wait that answered for the task); anything else, by load_outcome
+        if type(returned) is int and returned == count > 0:
+            log = self._log
+            last = log[-1][1] if self._tp1_leader and log and log[-1][0] == WAITED else None
+            if last and tid in last:
+                status = getattr(last[tid], "status", None)  # FlexKV's enum member: its .value is a property
+                if status is not None and (status is self._success or status_of(last[tid]) == "success"):
+                    self._success = status
+                    return count
+            if not self.agreement.active and load_outcome(self.leader, log, tid, count, returned, False) == count:
+                return count
         return self._settle_load(handle, key, slot_mapping, tid, returned, None)
 
     def _settle_load(self, handle: Any, key: str, slot_mapping: Any, tid: int, returned: Any,
@@ -219,8 +237,10 @@ class BridgeConnector:
         if self.stale:
             return -1
         self._handle_type = type(handle)  # SGLang's handle type, for the completions it reports (_handle)
-        base = handle_key(handle)
-        key = self.stores.key(base)
+        if handle is not self._memo_handle:
+            self._memo_handle, self._memo_key = handle, handle_key(handle)
+        base, stores = self._memo_key, self.stores
+        key = base if base not in stores.reports else stores.key(base)
         self._clean = False
         self._log.clear()
         try:
@@ -236,7 +256,10 @@ class BridgeConnector:
         if self.agreement.active:
             self.agreement.min([1, -1])  # every rank enters the collective a failing rank enters
         if tid >= 0:
-            self.stores.started(handle, key, self.radix, base)
+            if key == base and base not in stores.latest:  # the handle's only store in flight (nearly every one)
+                stores.latest[base], stores.reports[base] = base, handle
+            else:
+                stores.started(handle, key, self.radix, base)
         return tid
 
     def _store_failed(self, key: str, error: Exception) -> int:
@@ -274,7 +297,12 @@ class BridgeConnector:
             self._poll_failing = False
         if self.quarantine.held:  # the same list on every rank: all enter poll's collective or none
             self.quarantine.poll(self.manager, self.leader)
-        return [self.stores.completed(key) or self._handle(key) for key in keys]
+        if not keys:
+            return []
+        handles = self.stores.take(keys)
+        if all(handles):  # every completion is a store the bridge tracks (all but after a failed poll)
+            return handles
+        return [handle or self._handle(key) for key, handle in zip(keys, handles, strict=True)]
 
     _poll_failing = False  # FlexKV's store poll raised on the last call (its error is logged once per streak)
 

@@ -90,12 +90,20 @@ def after_init(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def init_load_back(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    """SGLang frees a load's slots when it got 0; slots FlexKV may still write stay quarantined instead."""
-    quarantine = getattr(getattr(self, "flexkv_connector", None), "quarantine", None)
+    """SGLang frees a load's slots when it got 0; slots FlexKV may still write stay quarantined instead. What the
+    load restored is counted for the hits line (:mod:`.hits_log`)."""
+    connector = getattr(self, "flexkv_connector", None)
+    quarantine = getattr(connector, "quarantine", None)
     if quarantine is None:
-        return original(self, *args, **kwargs)
-    with quarantine.withholding(self.token_to_kv_pool_allocator):
-        return original(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
+    else:
+        with quarantine.withholding(self.token_to_kv_pool_allocator):
+            result = original(self, *args, **kwargs)
+    hits = getattr(connector, "hits_log", None)
+    if hits is not None:
+        params = args[0] if args else kwargs.get("params")
+        hits.load(int(getattr(params, "host_hit_length", 0)), int(result[0]))
+    return result
 
 
 def reset(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:

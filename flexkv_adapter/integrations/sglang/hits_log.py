@@ -2,9 +2,10 @@
 
 SGLang keeps no FlexKV counters of its own (FlexKV's vLLM adapter has ``FlexKVStats``; its SGLang connector
 logs each lookup only at DEBUG), so an operator could not tell on a real server whether FlexKV serves
-anything. :func:`attach` counts what the bridge's lookups and loads answered (after the bridge's own rules:
-a load that is a miss counts as failed, not restored) and logs the sums on the leader, once per interval
-and only when something was counted. No timer thread: the line comes with the first lookup after the interval.
+anything. The plugin's radix hooks count what each match found in FlexKV and what each load restored (after
+the bridge's own rules: a load that is a miss counts as failed, not restored), and the leader logs the sums
+once per interval, only when something was counted. No timer thread: the line comes with the first lookup
+after the interval.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ class HitsLog:
         c["hits"] += hit_tokens > 0
         c["query_tokens"] += query_tokens
         c["hit_tokens"] += max(hit_tokens, 0)
-        self._maybe_log()
 
     def load(self, asked: int, loaded: int) -> None:
         c = self.counts
@@ -73,32 +73,16 @@ class HitsLog:
         )
 
 
-def _size(tokens: Any) -> int:
-    numel = getattr(tokens, "numel", None)
-    return int(numel()) if callable(numel) else len(tokens)
-
-
 def attach(bridge: Any, clock: Callable[[], float] = time.monotonic) -> HitsLog | None:
-    """Count ``bridge``'s lookups and loads (its instance methods, wrapped) on the TP leader; None where nothing
-    is logged: another rank (it would repeat the leader's line) or ``hits_log_interval_s`` 0."""
+    """Give ``bridge`` a :class:`HitsLog` (``bridge.hits_log``) on the TP leader, which the plugin's radix hooks feed
+    (:mod:`.lookups` after each match, :mod:`.flush` after each load: no call of the bridge's own is wrapped, so
+    the bridge's per-request cost is unchanged); None where nothing is logged: another rank (it would repeat the
+    leader's line) or ``hits_log_interval_s`` 0."""
     interval = load_settings().hits_log_interval_s
-    if interval <= 0 or not getattr(bridge, "leader", True):
-        return None
-    page_size = getattr(getattr(bridge, "connector", None), "page_size", None)
-    hits = HitsLog(interval, page_size if type(page_size) is int and page_size > 0 else None, clock)
-    lookup_kv, retrieve_kv = bridge.lookup_kv, bridge.retrieve_kv
-
-    def counted_lookup(token_ids: Any, token_mask: Any, handle: Any = None) -> Any:
-        result = lookup_kv(token_ids, token_mask, handle)
-        hits.lookup(_size(token_ids), int(result[1]))
-        return result
-
-    def counted_retrieve(handle: Any, slot_mapping: Any) -> int:
-        loaded: int = retrieve_kv(handle, slot_mapping)
-        hits.load(_size(slot_mapping), loaded)
-        return loaded
-
-    bridge.lookup_kv, bridge.retrieve_kv = counted_lookup, counted_retrieve
+    hits = None
+    if interval > 0 and getattr(bridge, "leader", True):
+        page_size = getattr(getattr(bridge, "connector", None), "page_size", None)
+        hits = HitsLog(interval, page_size if type(page_size) is int and page_size > 0 else None, clock)
     bridge.hits_log = hits
     return hits
 

@@ -46,10 +46,15 @@ def release_held(radix: Any, handle: Any) -> None:
 
 def after_match_prefix(result: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
     """A match that gives the request no FlexKV load (on the device already, a miss, a bypass): the lookup an
-    earlier match held for it is released. A hit replaced it already (FlexKV cancels the one it replaces)."""
+    earlier match held for it is released. A hit replaced it already (FlexKV cancels the one it replaces).
+    The match is counted for the hits line (:mod:`.hits_log`)."""
     req = getattr(params, "req", None)
-    if req is not None and not getattr(result, "host_hit_length", 0) > 0:
+    hit = getattr(result, "host_hit_length", 0)
+    if req is not None and not hit > 0:
         release_held(self, req.cache_request_handle)
+    hits = getattr(getattr(self, "flexkv_connector", None), "hits_log", None)  # the leader's (.hits_log)
+    if hits is not None and req is not None:
+        hits.lookup(len(params.key) - result.device_prefix_len, hit)
 
 
 def after_on_release(result: Any, self: Any, req: Any, *args: Any, **kwargs: Any) -> None:

@@ -42,10 +42,13 @@ def multimodal(obj: Any) -> bool:
 
 
 def namespaced(obj: Any) -> bool:
-    """A request or radix key with an ``extra_key`` (a caller's, or a LoRA id), a ``cache_salt``, or multimodal
-    inputs."""
+    """A request or radix key with an ``extra_key`` (a caller's, or a LoRA id), a LoRA id, a ``cache_salt``, or
+    multimodal inputs (inline: every match and store asks)."""
     return obj is not None and (
-        getattr(obj, "extra_key", None) is not None or bool(getattr(obj, "cache_salt", None)) or multimodal(obj)
+        getattr(obj, "extra_key", None) is not None
+        or bool(getattr(obj, "cache_salt", None))
+        or getattr(obj, "multimodal_inputs", None) is not None
+        or getattr(obj, "lora_id", None) is not None
     )
 
 
@@ -112,6 +115,8 @@ def _uncarried(req: Any, why: str) -> None:
 def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
     """FlexKV's lookup under the request's namespace; the device tree only (RadixCache's) where none is carried."""
     req, key = getattr(params, "req", None), getattr(params, "key", None)
+    if not namespaced(req) and not namespaced(key):  # a plain request (nearly every one): FlexKV's own path
+        return original(self, params, *args, **kwargs)
     if multimodal(req) or multimodal(key) or (req is None and namespaced(key)):
         return _base(self).match_prefix(params, *args, **kwargs)
     try:
@@ -124,6 +129,8 @@ def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: An
 
 def checkpoint(original: Any, self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     """FlexKV's store under the request's namespace; RadixCache's checkpoint only where none is carried."""
+    if not namespaced(req):  # a plain request: FlexKV's own path
+        return original(self, req, *args, **kwargs)
     if multimodal(req):
         return _base(self).checkpoint(req, *args, **kwargs)
     try:

@@ -34,9 +34,14 @@ class StoreKeys:
     count: int = 0
 
     def key(self, base: str) -> str:
-        """``base`` (the handle's own key) unless a store under it is in flight, else ``base#store<n>``."""
+        """``base`` (the handle's own key) unless a store under it is in flight, else ``base#store<n>`` (``n``
+        counts the stores given a key of their own). The bridge asks only when ``base`` is in :attr:`reports`,
+        and records a store whose key is ``base`` and that has no earlier one in flight itself, as
+        :meth:`started` would (two entries)."""
+        if base not in self.reports:
+            return base
         self.count += 1
-        return base if base not in self.reports else f"{base}#store{self.count}"
+        return f"{base}#store{self.count}"
 
     def started(self, handle: Any, key: str, radix: Any, base: str) -> None:
         """A store FlexKV tracks: an earlier store of an equal handle keeps its SGLang lock under its own handle."""
@@ -60,6 +65,17 @@ class StoreKeys:
         if self.latest.get(base) == key:
             del self.latest[base]
         return handle
+
+    def take(self, keys: list[str]) -> list[Any]:
+        """:meth:`completed` of each key, in order (one call per poll, not one per store)."""
+        reports, latest, bases = self.reports, self.latest, self.bases
+        handles = []
+        for key in keys:
+            handles.append(reports.pop(key, None))
+            base = bases.pop(key, key) if bases else key
+            if latest.get(base) == key:
+                del latest[base]
+        return handles
 
     def __len__(self) -> int:
         """Stores in flight."""

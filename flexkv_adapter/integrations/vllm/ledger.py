@@ -78,6 +78,9 @@ def classify(
     return Poll(frozenset(sending), frozenset(good), failed)
 
 
+_EMPTY = FlexKVAdapterMetadata()  # the metadata of a step with no failed load to hand over
+
+
 @dataclass
 class Ledger:
     """Per scheduler-side connector: outcomes polled from FlexKV and not yet told to vLLM."""
@@ -102,6 +105,8 @@ class Ledger:
 
     def metadata(self) -> FlexKVAdapterMetadata:
         """Hand the held-back failures to the workers, who report them with their failed blocks."""
+        if not self.failed:  # nearly every step: the one empty metadata (frozen), not a new one
+            return _EMPTY
         failed, self.failed = self.failed, {}
         self.with_workers |= set(failed)
         errors = frozenset(b for blocks in failed.values() for b in blocks)
@@ -109,12 +114,17 @@ class Ledger:
 
     def merge_into(self, output: Any) -> None:
         """Add what FlexKV finished to vLLM's output, keeping what the workers reported."""
-        output.finished_sending = set(output.finished_sending or ()) | self.sending
-        recving = set(output.finished_recving or ()) | self.recving
-        output.finished_recving = recving
-        self.with_workers -= recving
-        self.sending.clear()
-        self.recving.clear()
+        sending = set(output.finished_sending or ())
+        recving = set(output.finished_recving or ())
+        if self.sending:
+            sending |= self.sending
+            self.sending.clear()
+        if self.recving:
+            recving |= self.recving
+            self.recving.clear()
+        output.finished_sending, output.finished_recving = sending, recving
+        if self.with_workers and recving:
+            self.with_workers -= recving
 
     def finished(self, req_id: str) -> bool:
         """vLLM ended the request: True if its blocks must wait for a finished_recving report of it.

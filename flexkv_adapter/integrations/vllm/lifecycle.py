@@ -171,10 +171,13 @@ class _Preempted:
 
 def _poll(conn: Any, ledger: Ledger) -> None:
     sched = conn._flexkv_connector.connector
-    launched = dict(sched.get_tasks)  # FlexKV's poll pops the finished tasks (adp:709-718): read them from here
+    # FlexKV's poll pops the finished tasks (adp:709-718): read them from a copy (none to copy: nothing to pop)
+    launched = dict(sched.get_tasks) if sched.get_tasks else {}
     sending, recving = sched.query_finished_task()
-    failed = set(sched.get_and_clear_failed_block_ids())
-    ledger.add(classify(sending, recving, failed, snapshot(launched, launched.keys() - sched.get_tasks.keys())))
+    failed = sched.get_and_clear_failed_block_ids()
+    if sending or recving:  # else nothing to classify (the failed blocks are read per finished load)
+        popped = launched.keys() - sched.get_tasks.keys()
+        ledger.add(classify(sending, recving, set(failed), snapshot(launched, popped)))
 
 
 def drain(conn: Any, ledger: Ledger) -> bool:
@@ -207,10 +210,14 @@ def wrappers(cls: Any) -> dict[str, Any]:
         return orig["get_num_new_matched_tokens"](self, request, num_computed_tokens)  # type: ignore[no-any-return]
 
     def build_connector_meta(self: Any, scheduler_output: Any) -> Any:
-        pending = self._flexkv_connector.connector.tasks_to_launch.values()
-        readmitted = {t.request.request_id for t in pending if t.request.status.name == "WAITING_FOR_REMOTE_KVS"}
-        preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
-        view = _Preempted(scheduler_output, preempted - readmitted) if preempted & readmitted else scheduler_output
+        preempted = getattr(scheduler_output, "preempted_req_ids", None)
+        view = scheduler_output
+        if preempted:  # FlexKV's tasks to launch are read only in a step that preempted (most preempt none)
+            requests = (t.request for t in self._flexkv_connector.connector.tasks_to_launch.values())
+            waiting = "WAITING_FOR_REMOTE_KVS"
+            readmitted = {r.request_id for r in requests if r.request_id in preempted and r.status.name == waiting}
+            if readmitted:
+                view = _Preempted(scheduler_output, set(preempted) - readmitted)
         orig["build_connector_meta"](self, view)  # FlexKV launches (and, with SYNC_GET, waits)
         return getattr(self, LEDGER).metadata()
 

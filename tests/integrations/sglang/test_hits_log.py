@@ -1,5 +1,6 @@
-"""SGLang: the plugin's INFO line of FlexKV's hits and restored blocks (hits_log.attach on the bridge), at most
-one per ``hits_log_interval_s``; the clock is injected, nothing sleeps."""
+"""SGLang: the plugin's INFO line of FlexKV's hits and restored blocks (hits_log.attach on the bridge, fed by the
+radix hooks), at most one per ``hits_log_interval_s``; the clock is injected, nothing sleeps. The hooks' counts on
+SGLang's real radix cache: tests/sglang/test_sglang_bridge.py."""
 
 from __future__ import annotations
 
@@ -22,20 +23,13 @@ class Clock:
 
 
 class Bridge:
-    """The bridge's two calls that count: lookup answers (task, hit tokens), a load the slots it filled."""
+    """The bridge as attach() sees it: which rank it is, FlexKV's page size."""
 
     leader = True
 
     def __init__(self, page_size: int = 16) -> None:
         self.connector = SimpleNamespace(page_size=page_size)
-        self.hit = 0
         self.fills = True
-
-    def lookup_kv(self, token_ids, token_mask, handle=None):
-        return (7 if self.hit else -1), self.hit
-
-    def retrieve_kv(self, handle, slot_mapping):
-        return len(slot_mapping) if self.fills else 0
 
 
 def _attached(monkeypatch: pytest.MonkeyPatch, interval: str, bridge: Bridge | None = None):
@@ -47,11 +41,13 @@ def _attached(monkeypatch: pytest.MonkeyPatch, interval: str, bridge: Bridge | N
 
 
 def _serve(bridge: Bridge, prompt: int, hit: int) -> None:
-    """One request as FlexKVRadixCache makes it: a lookup, then a load of the hit."""
-    bridge.hit = hit
-    _, found = bridge.lookup_kv(list(range(prompt)), None, "handle")
-    if found > 0:
-        bridge.retrieve_kv("handle", list(range(found)))
+    """One request as the plugin's radix hooks count it: its match (lookups.py), then its load (flush.py)."""
+    hits = bridge.hits_log
+    if hits is None:
+        return
+    hits.lookup(prompt, hit)
+    if hit > 0:
+        hits.load(hit, hit if bridge.fills else 0)
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -109,22 +105,20 @@ def test_a_quiet_interval_logs_nothing(monkeypatch, caplog):
     assert _lines(caplog) == []
 
 
-def test_interval_zero_or_another_tp_rank_logs_nothing_and_leaves_the_bridge_as_it_was(monkeypatch, caplog):
+def test_interval_zero_or_another_tp_rank_logs_nothing(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     bridge, clock, hits = _attached(monkeypatch, "0")
     follower = Bridge()
     follower.leader = False
     _, _, follower_hits = _attached(monkeypatch, "1", follower)
     assert hits is None and follower_hits is None
-    assert "lookup_kv" not in vars(bridge) and "lookup_kv" not in vars(follower)
+    assert bridge.hits_log is None and follower.hits_log is None
     clock.now += 3600
     _serve(bridge, prompt=64, hit=64)
     _serve(follower, prompt=64, hit=64)
     assert _lines(caplog) == []
 
 
-def test_the_bridge_answers_what_it_answered_before(monkeypatch):
-    bridge, _, _ = _attached(monkeypatch, "60")
-    bridge.hit = 32
-    assert bridge.lookup_kv([1] * 64, None, "h") == (7, 32)
-    assert bridge.retrieve_kv("h", [0] * 32) == 32
+def test_attach_wraps_none_of_the_bridges_calls(monkeypatch):
+    bridge, _, hits = _attached(monkeypatch, "60")
+    assert hits is bridge.hits_log and set(vars(bridge)) == {"connector", "fills", "hits_log"}

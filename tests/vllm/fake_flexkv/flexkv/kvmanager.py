@@ -7,7 +7,10 @@ steer it through :data:`CONTROL`: fail the next get/put transfers, fail or count
 get scribbles 0xEE over its GPU blocks, as a transfer that died half-way could.
 """
 
+import importlib.util
+import sys
 from itertools import count
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,6 +36,20 @@ def _chunk(layer: int, block: int) -> torch.Tensor:
     raw = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
     start = tensor.data_ptr() - tensor.untyped_storage().data_ptr() + block * block_s
     return raw[start : start + chunk - chunk % 8]
+
+
+def _sequence_meta():
+    """FlexKV's ``SequenceMeta``, with its ``hash_utils``, loaded once from the tree whose ``vllm_v1_adapter.py``
+    was loaded over this stand-in (tests/vllm/conftest.py, scripts/bench_serving_vllm.py)."""
+    if "flexkv.common.block" not in sys.modules:
+        root = Path(sys.modules["flexkv.integration.vllm.vllm_v1_adapter"].__file__).parents[3]
+        for name in ("hash_utils", "block"):
+            file = root / "flexkv" / "common" / f"{name}.py"
+            spec = importlib.util.spec_from_file_location(f"flexkv.common.{name}", file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+    return sys.modules["flexkv.common.block"].SequenceMeta
 
 
 class _Task:
@@ -73,10 +90,8 @@ class KVManager:
     def _keys(self, token_ids, namespace):
         """Each block's key: FlexKV's own block hash (block.py's SequenceMeta, loaded from the FlexKV tree), so
         namespaces collide here exactly where they collide in FlexKV."""
-        from flexkv.common.block import SequenceMeta
-
         ids = np.asarray([int(t) for t in token_ids], dtype=np.int64)
-        return [int(h) for h in SequenceMeta(ids, self.block, namespace).block_hashes]
+        return [int(h) for h in _sequence_meta()(ids, self.block, namespace).block_hashes]
 
     def get_match(self, token_ids, token_mask=None, cpu_only=False, namespace=None, swa_aware=False):
         keys = self._keys(token_ids, namespace)
