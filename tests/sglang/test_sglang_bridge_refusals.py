@@ -83,6 +83,31 @@ def test_the_bridge_refuses_to_serve_where_a_namespace_hook_did_not_apply(sglang
     assert not fk.calls("register_to_server")
 
 
+def test_match_prefix_has_one_hook_layer_holding_both_the_namespace_and_the_lookup_rule(
+    sglang_env, models, monkeypatch
+):
+    """SGLang's hottest cache call pays its hook wrapper once: the lookup hook runs the namespace hook inside it. The
+    start-up check still sees both; a layer with the lookup rule alone is refused as a missing namespace hook."""
+    import importlib
+    import inspect
+
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
+    from flexkv_adapter.integrations.sglang.lookups import match_hook
+
+    from .radix_harness import RADIX, Rig
+
+    sglang_env.use("serving")
+    sglang_env.load()
+    cls = importlib.import_module(RADIX).FlexKVRadixCache
+    original = inspect.unwrap(cls.match_prefix)
+    assert cls.match_prefix.__wrapped__ is original  # one layer
+    Rig(monkeypatch, models["llama"], "mha")
+    monkeypatch.setattr(cls, "match_prefix", _wrap_fn(original, match_hook(None), HookType.AROUND))
+    with pytest.raises(AdapterError, match="FlexKVRadixCache.match_prefix \\(LoRA"):
+        Rig(monkeypatch, models["llama"], "mha")
+
+
 def test_with_the_shared_setting_no_namespace_hook_is_needed(sglang_env, models, monkeypatch):
     from .radix_harness import Rig
 

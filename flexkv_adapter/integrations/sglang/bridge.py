@@ -1,11 +1,10 @@
 """SGLang 0.5.23's FlexKVRadixCache served by FlexKV's own connector (``flexkv.integration.sglang.connector``).
 
-SGLang's in-tree connector cannot register with current FlexKV, and FlexKV's own connector takes a
-string ``rid`` where the radix cache passes a ``CacheRequestHandle``. :class:`BridgeConnector` is
-what the radix cache builds instead of the in-tree class: it owns FlexKV's connector and passes
-``rid=<key of the handle>``. The key keeps ``attempt_id`` (disaggregated-prefill retries reuse
-``rid``), is the same on every rank (FlexKV compares store keys across TP ranks) and is unique per
-store in flight (:mod:`.stores`).
+SGLang's in-tree connector cannot register with current FlexKV, and FlexKV's own connector takes a string ``rid``
+where the radix cache passes a ``CacheRequestHandle``. :class:`BridgeConnector` is what the radix cache builds
+instead of the in-tree class: it owns FlexKV's connector and passes ``rid=<key of the handle>``. The key keeps
+``attempt_id`` (disaggregated-prefill retries reuse ``rid``), is the same on every rank (FlexKV compares store
+keys across TP ranks) and is unique per store in flight (:mod:`.stores`).
 
 Every FlexKV outcome passes through here: a load is "every slot on every rank" or a miss (:mod:`.outcomes`),
 slots FlexKV may still write stay quarantined, nothing FlexKV raises reaches SGLang's scheduler (the error is
@@ -79,9 +78,9 @@ class BridgeConnector:
             PREFIX, FLEXKV_CONNECTOR_MODULE, why,
         )  # fmt: skip
         # whether FlexKV's method also takes SGLang's rid (for its logs): plain flags, read per call on the hot path
-        self._lookup_logs_rid = "lookup_kv" in shape.takes_req_id
-        self._store_logs_rid = "store_kv" in shape.takes_req_id
-        self._prefetch_logs_rid = "prefetch_async" in shape.takes_req_id
+        takes = shape.takes_req_id
+        self._lookup_logs_rid, self._store_logs_rid = "lookup_kv" in takes, "store_kv" in takes
+        self._prefetch_logs_rid = "prefetch_async" in takes
         self._handle_type: Any = None  # SGLang's CacheRequestHandle, seen on the first call
         self.connector = shape.cls(**kwargs)
         sync = getattr(self.connector, "_sync_ctx", None)
@@ -223,8 +222,9 @@ class BridgeConnector:
 
     def holds_lookup(self, handle: Any) -> bool:
         """Whether FlexKV's connector holds a lookup (its get task) for ``handle`` (see :mod:`.lookups`)."""
-        pending = getattr(self.connector, "_pending_lookups", None)
-        return pending is None or handle_key(handle) in pending  # unknown: release (FlexKV's release is idempotent)
+        pending = getattr(self.connector, "_pending_lookups", None)  # None: unknown, release (FlexKV's is idempotent)
+        key = self._memo_key if handle is self._memo_handle else handle_key(handle)  # a miss's lookup just made it
+        return pending is None or key in pending
 
     def release_pending(self, handle: Any) -> None:
         try:
@@ -326,8 +326,8 @@ class BridgeConnector:
     def _handle(self, key: str) -> Any:
         """The handle the key was made from: equal to SGLang's (a frozen dataclass of rid, attempt_id)."""
         rid, _, attempt = key.rpartition("@attempt")
-        handle_type = self._handle_type or importlib.import_module(HANDLE_MODULE).CacheRequestHandle
-        return handle_type(rid=rid, attempt_id=int(attempt.partition("#store")[0]))
+        cls = self._handle_type or importlib.import_module(HANDLE_MODULE).CacheRequestHandle
+        return cls(rid=rid, attempt_id=int(attempt.partition("#store")[0]))
 
     def flush(self) -> None:
         """Empty FlexKV (see :mod:`.flush`); raises FlushError where SGLang's flush_cache can report it."""

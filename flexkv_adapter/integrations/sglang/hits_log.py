@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...config.settings import load_settings
@@ -22,33 +21,48 @@ logger = logging.getLogger(__name__)
 FIELDS = ("lookups", "hits", "query_tokens", "hit_tokens", "loads", "restored_tokens", "failed_loads")
 
 
-@dataclass
 class HitsLog:
-    """The counts since the last line, which :meth:`lookup` logs when it is due."""
+    """The counts since the last line, which :meth:`lookup` logs when it is due (plain int slots, not a dict: the
+    hooks count on every match and load)."""
 
-    interval_s: float
-    page_size: int | None = None
-    clock: Callable[[], float] = time.monotonic
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FIELDS, 0))
-    since: float = field(init=False)
+    __slots__ = ("clock", "failed_loads", "hit_tokens", "hits", "interval_s", "loads", "lookups", "page_size",
+                 "query_tokens", "restored_tokens", "since")  # fmt: skip
+    lookups: int
+    hits: int
+    query_tokens: int
+    hit_tokens: int
+    loads: int
+    restored_tokens: int
+    failed_loads: int
 
-    def __post_init__(self) -> None:
-        self.since = self.clock()
+    def __init__(self, interval_s: float, page_size: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.interval_s, self.page_size, self.clock = interval_s, page_size, clock
+        self.since = clock()
+        self._zero()
+
+    def _zero(self) -> None:
+        self.lookups = self.hits = self.query_tokens = self.hit_tokens = 0
+        self.loads = self.restored_tokens = self.failed_loads = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in FIELDS}
 
     def lookup(self, query_tokens: int, hit_tokens: int) -> None:
         """A request's lookup; the line first, when due, so that each line holds whole requests (lookup and load)."""
-        self._maybe_log()
-        c = self.counts
-        c["lookups"] += 1
-        c["hits"] += hit_tokens > 0
-        c["query_tokens"] += query_tokens
-        c["hit_tokens"] += max(hit_tokens, 0)
+        if self.clock() - self.since >= self.interval_s:  # inline: every lookup asks
+            self._maybe_log()
+        self.lookups += 1
+        self.query_tokens += query_tokens
+        if hit_tokens > 0:
+            self.hits += 1
+            self.hit_tokens += hit_tokens
 
     def load(self, asked: int, loaded: int) -> None:
-        c = self.counts
-        c["loads"] += 1
-        c["restored_tokens"] += loaded
-        c["failed_loads"] += asked > 0 and loaded < asked
+        self.loads += 1
+        self.restored_tokens += loaded
+        self.failed_loads += asked > 0 and loaded < asked
 
     def _maybe_log(self) -> None:
         now = self.clock()
@@ -56,7 +70,8 @@ class HitsLog:
             return
         if any(self.counts.values()):
             logger.info("%s", self.line(now - self.since))
-        self.since, self.counts = now, dict.fromkeys(FIELDS, 0)
+        self.since = now
+        self._zero()
 
     def line(self, seconds: float) -> str:
         c = self.counts

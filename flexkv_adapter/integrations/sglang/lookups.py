@@ -15,7 +15,8 @@ the one it replaces, connector.py:556-580). Two paths leave it held:
 
 FlexKV's get task keeps its matched CPU blocks locked (and its task-table entry) until the next flush, so
 FlexKV's eviction cannot free them and, under steady traffic, its CPU tier fills with pinned blocks. The
-AFTER hooks here release the held lookup (``release_pending``, which SGLang's radix cache calls itself
+hooks here (after SGLang's match, inside one AROUND hook that also runs the namespace hook; after
+``on_release``) release the held lookup (``release_pending``, which SGLang's radix cache calls itself
 where it knows, :292 and :488) and drop the load marker: on a match that leaves the request no FlexKV load,
 and when the request is released (finished, retracted, aborted). ``release_pending`` is FlexKV's local
 bookkeeping plus the leader's cancel, no collective: every TP rank takes the same decisions from the same
@@ -37,7 +38,7 @@ def release_held(radix: Any, handle: Any) -> None:
     The marker is set exactly where the connector holds a lookup (flexkv_radix_cache.py:207-215); the bridge
     also answers from FlexKV's own table (``holds_lookup``), SGLang's in-tree connector from the marker."""
     markers = getattr(radix, LOAD_MARKERS, None)
-    marker = markers.pop(handle, None) if isinstance(markers, MutableMapping) else None
+    marker = markers.pop(handle, None) if type(markers) is dict or isinstance(markers, MutableMapping) else None
     connector = getattr(radix, "flexkv_connector", None)
     holds = getattr(connector, "holds_lookup", None)
     if connector is not None and (marker is not None or (holds is not None and holds(handle))):
@@ -47,13 +48,16 @@ def release_held(radix: Any, handle: Any) -> None:
 def after_match_prefix(result: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
     """A match that gives the request no FlexKV load (on the device already, a miss, a bypass): the lookup an
     earlier match held for it is released. A hit replaced it already (FlexKV cancels the one it replaces).
-    The match is counted for the hits line (:mod:`.hits_log`)."""
+    The match is counted for the hits line (:mod:`.hits_log`). A match of no request (RadixCache.checkpoint's
+    own) holds and counts nothing."""
     req = getattr(params, "req", None)
+    if req is None:
+        return
     hit = getattr(result, "host_hit_length", 0)
-    if req is not None and not hit > 0:
+    if not hit > 0:
         release_held(self, req.cache_request_handle)
     hits = getattr(getattr(self, "flexkv_connector", None), "hits_log", None)  # the leader's (.hits_log)
-    if hits is not None and req is not None:
+    if hits is not None:
         hits.lookup(len(params.key) - result.device_prefix_len, hit)
 
 
@@ -62,10 +66,33 @@ def after_on_release(result: Any, self: Any, req: Any, *args: Any, **kwargs: Any
     release_held(self, req.cache_request_handle)
 
 
-def register_lookup_hooks(registry: Any, hook_type: Any) -> list[str]:
-    registry.register(f"{RADIX_CLASS}.match_prefix", after_match_prefix, hook_type.AFTER)
+def match_hook(inner: Any = None) -> Any:
+    """The AROUND hook on ``match_prefix``: ``inner`` (the namespace hook, :func:`.namespaces.match_hook`; None:
+    SGLang's own match), then :func:`after_match_prefix`. One hook layer, where two (an AROUND and an AFTER) cost
+    SGLang's wrapper twice on every match."""
+    if inner is None:
+
+        def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, params, *args, **kwargs)
+            after_match_prefix(result, self, params)
+            return result
+
+    else:
+
+        def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+            result = inner(original, self, params, *args, **kwargs)
+            after_match_prefix(result, self, params)
+            return result
+
+    return match_prefix
+
+
+def register_lookup_hooks(registry: Any, hook_type: Any, inner: Any = None) -> list[str]:
+    """``inner``: the namespace hook on ``match_prefix``, run inside this one (None: no namespace hook)."""
+    registry.register(f"{RADIX_CLASS}.match_prefix", match_hook(inner), hook_type.AROUND)
     registry.register(f"{RADIX_CLASS}.on_release", after_on_release, hook_type.AFTER)
     return [f"{RADIX_CLASS}.match_prefix/.on_release (a FlexKV lookup no load will use is released)"]
 
 
-__all__ = ["LOAD_MARKERS", "after_match_prefix", "after_on_release", "register_lookup_hooks", "release_held"]
+__all__ = ["LOAD_MARKERS", "after_match_prefix", "after_on_release", "match_hook", "register_lookup_hooks",
+           "release_held"]  # fmt: skip

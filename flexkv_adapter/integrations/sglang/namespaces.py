@@ -43,12 +43,36 @@ def multimodal(obj: Any) -> bool:
 
 def namespaced(obj: Any) -> bool:
     """A request or radix key with an ``extra_key`` (a caller's, or a LoRA id), a LoRA id, a ``cache_salt``, or
-    multimodal inputs (inline: every match and store asks)."""
-    return obj is not None and (
+    multimodal inputs (inline: every match and store asks). A slotted type that can hold only the first two
+    (SGLang's RadixKey) is read for those two: a missing attribute's default costs an AttributeError each time."""
+    if obj is None:
+        return False
+    cls = type(obj)
+    two = _TWO_FIELDS.get(cls) if type(cls) is type else False  # a metaclass's own __eq__/__hash__ never keys it
+    if two is None:
+        two = _TWO_FIELDS.setdefault(cls, _holds_two_fields(cls))
+    if two:
+        return getattr(obj, "extra_key", None) is not None or bool(getattr(obj, "cache_salt", None))
+    return (
         getattr(obj, "extra_key", None) is not None
         or bool(getattr(obj, "cache_salt", None))
         or getattr(obj, "multimodal_inputs", None) is not None
         or getattr(obj, "lora_id", None) is not None
+    )
+
+
+_TWO_FIELDS: dict[type, bool] = {}  # by type: whether only extra_key and cache_salt can be set on its instances
+
+
+def _holds_two_fields(cls: type) -> bool:
+    """Instances without a ``__dict__``, of a plain class (metaclass ``type``) whose MRO defines no ``__getattr__``,
+    ``__getattribute__``, ``multimodal_inputs`` or ``lora_id`` (slot, descriptor or value): those two can never be
+    read from them. Classified once per type, at its first match: a class given such a name later is misread."""
+    own = {name for k in cls.__mro__ for name in vars(k) if k is not object}
+    return (
+        type(cls) is type
+        and getattr(cls, "__dictoffset__", 1) == 0
+        and not own & {"__getattr__", "__getattribute__", "multimodal_inputs", "lora_id"}
     )
 
 
@@ -162,8 +186,16 @@ WHAT = {
 }
 
 
+def match_hook(settings: AdapterSettings) -> Any:
+    """The AROUND hook on ``match_prefix`` for the setting (None for ``shared``). :mod:`.lookups` registers it inside
+    its own hook on that method: one hook layer on SGLang's hottest call, not two."""
+    mode = settings.sglang_namespaced_requests
+    return None if mode == "shared" else HOOKS[mode][0]
+
+
 def register_namespace_hooks(registry: Any, hook_type: Any, settings: AdapterSettings) -> list[str]:
-    """AROUND hooks on FlexKVRadixCache's match and store paths, unless the setting shares namespaces."""
+    """The AROUND hook on FlexKVRadixCache's store path, unless the setting shares namespaces (its match path:
+    :func:`match_hook`)."""
     mode = settings.sglang_namespaced_requests
     if mode == "shared":
         logger.warning(
@@ -172,7 +204,5 @@ def register_namespace_hooks(registry: Any, hook_type: Any, settings: AdapterSet
             PREFIX,
         )
         return []
-    match, store = HOOKS[mode]
-    registry.register(f"{RADIX_CLASS}.match_prefix", match, hook_type.AROUND)
-    registry.register(f"{RADIX_CLASS}.checkpoint", store, hook_type.AROUND)
+    registry.register(f"{RADIX_CLASS}.checkpoint", HOOKS[mode][1], hook_type.AROUND)
     return [f"{RADIX_CLASS}.match_prefix/.checkpoint ({WHAT[mode]}; multimodal requests bypass FlexKV)"]

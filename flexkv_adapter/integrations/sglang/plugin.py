@@ -64,7 +64,7 @@ from .checks import (
 from .external_remote import ExternalRemote, wait_for_start_remote
 from .flush import SCHEDULER_MODULE, register_radix_hooks
 from .lookups import register_lookup_hooks
-from .namespaces import register_namespace_hooks
+from .namespaces import match_hook, register_namespace_hooks
 from .refusals import option_refusal, start_refusal
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def install() -> None:
     if module_exists(RADIX_MODULE):
         hooked += register_namespace_hooks(HookRegistry, HookType, settings)
         hooked += register_abort_hook(HookRegistry, HookType)
-        hooked += register_lookup_hooks(HookRegistry, HookType)
+        hooked += register_lookup_hooks(HookRegistry, HookType, match_hook(settings))
         hooked += register_radix_hooks(HookRegistry, HookType, SCHEDULER_MODULE in sys.modules)
     if settings.remote == "external" and module_exists(CREATE_PROCESS.rsplit(".", 2)[0]):
         HookRegistry.register(CREATE_PROCESS, _create_process(settings), HookType.REPLACE)

@@ -37,8 +37,10 @@ def observe_barrier(sync: Any, log: list[tuple[str, Any]]) -> None:
 
 class ObservedManager:
     """The manager, each call appending FlexKV's own answer to :attr:`log` (the bridge clears it as each of its
-    calls starts; :class:`.outcomes.Seen` parses it when asked). The methods below are FlexKV 34ab141's
-    signatures; :meth:`__init__` replaces, on this instance, each one the manager declares otherwise."""
+    calls starts; :class:`.outcomes.Seen` parses it when asked). Its methods are set on the instance: FlexKV
+    34ab141's signatures (:func:`_recorders`) where the manager declares the same, else the generic pass-through.
+    Plain functions closed over the manager and the log: no method binding, no attribute reads of this object but
+    the namespace, on the four or five calls a request makes."""
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
@@ -46,49 +48,58 @@ class ObservedManager:
         # the FlexKV namespace of the request being matched or stored (set around SGLang's call: .namespaces), given
         # to get_match/put_match, which FlexKV's connector calls without one (connector.py:496, 1065)
         self.namespace: list[str] | None = None
-        self.generic: tuple[str, ...] = tuple(name for name in _GENERIC if not _same_signature(manager, name))
-        for name in self.generic:
-            setattr(self, name, types.MethodType(_GENERIC[name], self))
-
-    def get_match(self, token_ids: Any, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
-                  swa_aware: bool = False) -> Any:  # fmt: skip
-        result = self.manager.get_match(token_ids, token_mask, cpu_only, namespace or self.namespace, swa_aware)
-        self.log.append((CREATED, result))
-        return result
-
-    def put_match(self, token_ids: Any, token_mask: Any = None, namespace: Any = None) -> Any:
-        result = self.manager.put_match(token_ids, token_mask, namespace or self.namespace)
-        self.log.append((CREATED, result))
-        return result
-
-    def launch(self, task_ids: Any, slot_mappings: Any, swa_slot_mappings: Any = None, as_batch: bool = False,
-               layerwise_transfer: bool = False, counter_id: int = 0) -> Any:  # fmt: skip
-        try:
-            result = self.manager.launch(task_ids, slot_mappings, swa_slot_mappings, as_batch, layerwise_transfer,
-                                         counter_id)  # fmt: skip
-        except BaseException as exc:
-            self.log.append((RAISED, exc))
-            raise
-        self.log.append((LAUNCHED, task_ids))
-        return result
-
-    def wait(self, task_ids: Any, timeout: float = 20.0, completely: bool = False) -> Any:
-        try:
-            result = self.manager.wait(task_ids, timeout, completely)
-        except BaseException as exc:
-            self.log.append((RAISED, exc))
-            raise
-        self.log.append((WAITED, result))
-        return result
-
-    def try_wait(self, task_ids: Any) -> Any:
-        """FlexKV's store poll, every step: a method, as a miss into __getattr__ costs an AttributeError."""
-        return self.manager.try_wait(task_ids)
+        exact = _recorders(self, manager, self.log)
+        self.generic: tuple[str, ...] = tuple(name for name in _GENERIC if not _same_signature(manager, exact[name]))
+        for name in _GENERIC:
+            setattr(self, name, types.MethodType(_GENERIC[name], self) if name in self.generic else exact[name])
 
     def __getattr__(self, name: str) -> Any:
         if name == "manager":
             raise AttributeError(name)
         return getattr(self.manager, name)
+
+
+def _recorders(observed: ObservedManager, manager: Any, log: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The recorder's methods with FlexKV 34ab141's KVManager signatures (kvmanager.py:199-373), every argument
+    passed on by position. The manager's method is read on each call: one replaced later is the one called."""
+    append = log.append
+
+    def get_match(token_ids: Any, token_mask: Any = None, cpu_only: bool = False, namespace: Any = None,
+                  swa_aware: bool = False) -> Any:  # fmt: skip
+        result = manager.get_match(token_ids, token_mask, cpu_only, namespace or observed.namespace, swa_aware)
+        append((CREATED, result))
+        return result
+
+    def put_match(token_ids: Any, token_mask: Any = None, namespace: Any = None) -> Any:
+        result = manager.put_match(token_ids, token_mask, namespace or observed.namespace)
+        append((CREATED, result))
+        return result
+
+    def launch(task_ids: Any, slot_mappings: Any, swa_slot_mappings: Any = None, as_batch: bool = False,
+               layerwise_transfer: bool = False, counter_id: int = 0) -> Any:  # fmt: skip
+        try:
+            result = manager.launch(task_ids, slot_mappings, swa_slot_mappings, as_batch, layerwise_transfer,
+                                    counter_id)  # fmt: skip
+        except BaseException as exc:
+            append((RAISED, exc))
+            raise
+        append((LAUNCHED, task_ids))
+        return result
+
+    def wait(task_ids: Any, timeout: float = 20.0, completely: bool = False) -> Any:
+        try:
+            result = manager.wait(task_ids, timeout, completely)
+        except BaseException as exc:
+            append((RAISED, exc))
+            raise
+        append((WAITED, result))
+        return result
+
+    def try_wait(task_ids: Any) -> Any:
+        """FlexKV's store poll, every step: set on the instance, as a miss into __getattr__ costs an AttributeError."""
+        return manager.try_wait(task_ids)
+
+    return {"get_match": get_match, "put_match": put_match, "launch": launch, "wait": wait, "try_wait": try_wait}
 
 
 def _parameters(fn: Any) -> list[inspect.Parameter] | None:
@@ -107,15 +118,15 @@ def _same_default(a: Any, b: Any) -> bool:
         return False
 
 
-def _same_signature(manager: Any, name: str) -> bool:
-    """Whether ``manager``'s method ``name`` takes what this class's does, with the same defaults: only then may the
-    recorder pass every argument on by position (a default of its own would replace the manager's). Compared once,
+def _same_signature(manager: Any, recorder: Any) -> bool:
+    """Whether ``manager``'s method of the recorder's name takes what the recorder does, with the same defaults: only
+    then may it pass every argument on by position (a default of its own would replace the manager's). Compared once,
     when the bridge is built: a method replaced on the manager later is called as the one compared."""
-    ours, theirs = _parameters(getattr(ObservedManager, name)), _parameters(getattr(manager, name, None))
-    if ours is None or theirs is None or len(theirs) != len(ours) - 1:
+    ours, theirs = _parameters(recorder), _parameters(getattr(manager, recorder.__name__, None))
+    if ours is None or theirs is None or len(theirs) != len(ours):
         return False
     return all(t.name == o.name and t.kind == o.kind and _same_default(t.default, o.default)
-               for t, o in zip(theirs, ours[1:], strict=True))  # fmt: skip
+               for t, o in zip(theirs, ours, strict=True))  # fmt: skip
 
 
 def _generic(self: ObservedManager, name: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

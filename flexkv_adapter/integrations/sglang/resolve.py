@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,16 +122,28 @@ def _params(cls: type, name: str) -> Any:
 
 
 def hooked_by(fn: Any, module: str) -> bool:
-    """Whether a HookRegistry wrapper around ``fn`` (its closure, down the ``__wrapped__`` chain) calls ``module``."""
+    """Whether a HookRegistry wrapper around ``fn`` (its closure, down the ``__wrapped__`` chain) calls ``module``:
+    the hook itself, or a function its own closure holds (a hook run inside another's, :func:`.lookups.match_hook`)."""
     while fn is not None:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if getattr(cell.cell_contents, "__module__", None) == module:
-                    return True
-            except ValueError:  # an empty cell
-                continue
+        for held in _closed_over(fn):
+            if getattr(held, "__module__", None) == module or (
+                type(held) is types.FunctionType
+                and any(getattr(inner, "__module__", None) == module for inner in _closed_over(held))
+            ):
+                return True
         fn = getattr(fn, "__wrapped__", None)
     return False
+
+
+def _closed_over(fn: Any) -> list[Any]:
+    """What ``fn``'s closure holds (empty cells left out)."""
+    held = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            held.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    return held
 
 
 def missing_radix_hooks() -> list[str]:

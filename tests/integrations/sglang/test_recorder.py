@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexkv_adapter.integrations.sglang.outcomes import Seen, waited
-from flexkv_adapter.integrations.sglang.recorder import ObservedManager
+from flexkv_adapter.integrations.sglang.recorder import ObservedManager, _recorders
 
 METHODS = ("get_match", "put_match", "launch", "wait", "try_wait")
 
@@ -99,8 +99,9 @@ def test_a_default_of_the_managers_own_reaches_it_when_the_caller_leaves_it_out(
 def test_negative_control_the_positional_path_on_other_defaults_replaces_the_managers_own():
     manager = _OtherDefaults()
     observed = ObservedManager(manager)
+    exact = _recorders(observed, manager, observed.log)
     for name in observed.generic:  # as if the signatures had not been compared
-        del observed.__dict__[name]
+        setattr(observed, name, exact[name])
     manager.answers += [[1]]
     observed.launch(task_ids=[1], slot_mappings=["slots"])
     assert manager.calls[-1][1]["as_batch"] is False
