@@ -213,7 +213,7 @@ def test_workers_slower_than_the_grace_period_or_a_second_signal_force_exit(tmp_
     to_ready(remote, master_for, gpus=1)
     code, err, took = remote.stop()
     assert code == ExitCode.FORCED and "had to be killed" in err, err
-    assert took < 2.5 and remote.orphans() == []
+    assert took < 2 + 1.5 and remote.orphans() == []  # grace_s, and slack for a loaded machine (the workers: 30 s)
 
     (tmp_path / "second").mkdir()
     second = Remote(tmp_path / "second", grace=30, reap_grace=25, env=STUCK)
@@ -222,7 +222,7 @@ def test_workers_slower_than_the_grace_period_or_a_second_signal_force_exit(tmp_
     second.wait_state("shutting_down")
     code, err, took = second.stop(signal.SIGINT)
     assert code == ExitCode.FORCED and "another signal during shutdown" in err
-    assert took < 3 and second.orphans() == []
+    assert took < 5 and second.orphans() == []  # at once: grace_s is 30 here
 
 
 def test_sigusr1_logs_the_state_and_keeps_running(tmp_path, master_for):
