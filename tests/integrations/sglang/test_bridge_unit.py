@@ -369,3 +369,31 @@ def test_hooked_by_looks_one_level_into_a_hooks_closure_and_never_into_other_obj
     assert hooked_by(both, lookups.__name__) and hooked_by(both, namespaces.__name__)
     assert hooked_by(alone, lookups.__name__) and not hooked_by(alone, namespaces.__name__)
     assert not hooked_by(wrap(Proxy(), original), namespaces.__name__)
+
+
+@given(
+    rids=st.lists(st.sampled_from(["a", "b", "a@attempt1"]), min_size=1, max_size=6),
+    attempts=st.lists(st.integers(0, 2), min_size=6, max_size=6),
+    held=st.sets(st.sampled_from(["a", "b"])),
+)
+def test_holds_lookup_answers_for_the_handle_asked_never_for_the_last_one_looked_up(rids, attempts, held):
+    """The key a lookup made is reused only for that very handle: an equal or other handle asked next is keyed
+    afresh (a held lookup of one request must never be read as another's)."""
+    handle_type = _frozen_handle()
+    pending = {handle_key(handle_type(rid, 0)): 7 for rid in held}
+    bridge = BridgeConnector.__new__(BridgeConnector)
+    bridge.connector = SimpleNamespace(_pending_lookups=pending)
+    for rid, attempt in zip(rids, attempts, strict=False):
+        looked_up, asked = handle_type(rid, attempt), handle_type(rid if attempt % 2 else "b", 0)
+        bridge._memo_handle, bridge._memo_key = looked_up, handle_key(looked_up)  # as lookup_kv leaves them
+        assert bridge.holds_lookup(asked) is (handle_key(asked) in pending)
+        assert bridge.holds_lookup(looked_up) is (handle_key(looked_up) in pending)
+
+
+def _frozen_handle() -> type:
+    @dataclass(frozen=True)
+    class CacheRequestHandle:  # SGLang's (base_prefix_cache.py): a frozen dataclass of rid and attempt_id
+        rid: str
+        attempt_id: int = 0
+
+    return CacheRequestHandle
