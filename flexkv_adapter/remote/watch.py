@@ -39,7 +39,8 @@ class MasterWatch:
         self._up = zmq.EVENT_HANDSHAKE_SUCCEEDED if zmq.zmq_version_info() >= (4, 3) else zmq.EVENT_CONNECTED
         events = self._up | zmq.EVENT_DISCONNECTED
         self._monitor: Any = self._sock.get_monitor_socket(events)
-        self._sock.connect(f"tcp://{host}:{port}")
+        self._where = f"{host}:{port}"
+        self._sock.connect(f"tcp://{self._where}")
         self._started = time.monotonic()
         self._lost_s = lost_s
         self._connected = False
@@ -50,8 +51,9 @@ class MasterWatch:
 
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
-            if event == self._up:
+            if event == self._up and not self._connected:
                 self._connected = True
+                logger.info("watching master %s: connected (from now on its loss ends this remote)", self._where)
             elif event == self._zmq.EVENT_DISCONNECTED and self._connected:
                 return "its connection closed (the master process ended or restarted, or heartbeats went unanswered)"
         if not self._connected and time.monotonic() - self._started > self._lost_s:

@@ -121,8 +121,11 @@ def test_an_outage_before_the_config_still_lets_it_arrive(deployment: Deployment
 
 def test_master_killed_is_exit_13_at_once_and_a_restarted_master_gets_a_new_remote(deployment: Deployment):
     """The closed connection is noticed, not the heartbeats' silence: master_lost_s is 60 s here, so an
-    exit within 15 s can only come from the disconnect (the time also holds the manager's shutdown)."""
+    exit within 15 s can only come from the disconnect (the time also holds the manager's shutdown). The
+    master dies once the watch says it is connected: before, it would be a master never reached."""
     master, remote = reach_ready(deployment, master_lost=60)
+    # the watch connects after ready: a master killed before that is a master never reached (master_lost_s)
+    assert remote.err.wait(lambda line: "watching master" in line, 10, remote.alive) is not None, remote.err.text()
     master.kill()
     killed = time.monotonic()
     code, at, err = remote.finish(15)
