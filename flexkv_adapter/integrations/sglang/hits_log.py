@@ -51,8 +51,9 @@ class HitsLog:
 
     def lookup(self, query_tokens: int, hit_tokens: int) -> None:
         """A request's lookup; the line first, when due, so that each line holds whole requests (lookup and load)."""
-        if self.clock() - self.since >= self.interval_s:  # inline: every lookup asks
-            self._maybe_log()
+        now = self.clock()
+        if now - self.since >= self.interval_s:  # inline: every lookup asks
+            self._maybe_log(now)
         self.lookups += 1
         self.query_tokens += query_tokens
         if hit_tokens > 0:
@@ -64,9 +65,9 @@ class HitsLog:
         self.restored_tokens += loaded
         self.failed_loads += asked > 0 and loaded < asked
 
-    def _maybe_log(self) -> None:
-        now = self.clock()
-        if self.interval_s <= 0 or now - self.since < self.interval_s:
+    def _maybe_log(self, now: float) -> None:
+        """The line, at ``now`` (the interval has passed), unless nothing was counted or the line is off."""
+        if self.interval_s <= 0:
             return
         if any(self.counts.values()):
             logger.info("%s", self.line(now - self.since))

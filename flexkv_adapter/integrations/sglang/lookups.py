@@ -70,21 +70,18 @@ def match_hook(inner: Any = None) -> Any:
     """The AROUND hook on ``match_prefix``: ``inner`` (the namespace hook, :func:`.namespaces.match_hook`; None:
     SGLang's own match), then :func:`after_match_prefix`. One hook layer, where two (an AROUND and an AFTER) cost
     SGLang's wrapper twice on every match."""
-    if inner is None:
+    match = inner or _own_match
 
-        def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(self, params, *args, **kwargs)
-            after_match_prefix(result, self, params)
-            return result
-
-    else:
-
-        def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
-            result = inner(original, self, params, *args, **kwargs)
-            after_match_prefix(result, self, params)
-            return result
+    def match_prefix(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        result = match(original, self, params, *args, **kwargs)
+        after_match_prefix(result, self, params)
+        return result
 
     return match_prefix
+
+
+def _own_match(original: Any, self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+    return original(self, params, *args, **kwargs)
 
 
 def register_lookup_hooks(registry: Any, hook_type: Any, inner: Any = None) -> list[str]:

@@ -47,18 +47,13 @@ def namespaced(obj: Any) -> bool:
     (SGLang's RadixKey) is read for those two: a missing attribute's default costs an AttributeError each time."""
     if obj is None:
         return False
+    if getattr(obj, "extra_key", None) is not None or bool(getattr(obj, "cache_salt", None)):
+        return True
     cls = type(obj)
     two = _TWO_FIELDS.get(cls) if type(cls) is type else False  # a metaclass's own __eq__/__hash__ never keys it
     if two is None:
         two = _TWO_FIELDS.setdefault(cls, _holds_two_fields(cls))
-    if two:
-        return getattr(obj, "extra_key", None) is not None or bool(getattr(obj, "cache_salt", None))
-    return (
-        getattr(obj, "extra_key", None) is not None
-        or bool(getattr(obj, "cache_salt", None))
-        or getattr(obj, "multimodal_inputs", None) is not None
-        or getattr(obj, "lora_id", None) is not None
-    )
+    return not two and (multimodal(obj) or getattr(obj, "lora_id", None) is not None)
 
 
 _TWO_FIELDS: dict[type, bool] = {}  # by type: whether only extra_key and cache_salt can be set on its instances

@@ -60,14 +60,11 @@ class StoreKeys:
 
     def completed(self, key: str) -> Any:
         """The handle SGLang unlocks for ``key`` (None for a key this table never saw)."""
-        handle = self.reports.pop(key, None)
-        base = self.bases.pop(key, key)
-        if self.latest.get(base) == key:
-            del self.latest[base]
-        return handle
+        return self.take([key])[0]
 
     def take(self, keys: list[str]) -> list[Any]:
-        """:meth:`completed` of each key, in order (one call per poll, not one per store)."""
+        """The handle SGLang unlocks for each key, in order (None for a key this table never saw): one call per
+        poll, not one per store."""
         reports, latest, bases = self.reports, self.latest, self.bases
         handles = []
         for key in keys:
